@@ -74,24 +74,27 @@ static void put_scales_k3(uint8_t *s, const int *u) {
 void lm_dequant_block_q2_k(const uint8_t *blk, float *y) {
     const uint8_t *scales = blk, *qs = blk + 16;
     const float d = lm_rd_f16(blk + 80), dmin = lm_rd_f16(blk + 82);
-    for (int e = 0; e < QK_K; e++) {
-        int l = e % 32, shift = 2 * ((e % 128) / 32);
-        int q = (qs[(e / 128) * 32 + l] >> shift) & 3;
-        int sb = scales[e / 16];
-        const float dl = d * (float)(sb & 0x0f), ml = dmin * (float)(sb >> 4);
-        y[e] = dl * (float)q - ml;
+    for (int s = 0; s < 16; s++) {
+        const float dl = d * (float)(scales[s] & 0x0f), ml = dmin * (float)(scales[s] >> 4);
+        for (int e = 16 * s; e < 16 * s + 16; e++) {
+            int l = e % 32, shift = 2 * ((e % 128) / 32);
+            int q = (qs[(e / 128) * 32 + l] >> shift) & 3;
+            y[e] = dl * (float)q - ml;
+        }
     }
 }
 
 void lm_dequant_block_q3_k(const uint8_t *blk, float *y) {
     const uint8_t *hmask = blk, *qs = blk + 32, *scales = blk + 96;
     const float d = lm_rd_f16(blk + 108);
-    for (int e = 0; e < QK_K; e++) {
-        int l = e % 32, shift = 2 * ((e % 128) / 32);
-        int q = (qs[(e / 128) * 32 + l] >> shift) & 3;
-        if (!((hmask[l] >> (e / 32)) & 1)) q -= 4;
-        const float dl = d * (float)(get_scale_k3(scales, e / 16) - 32);
-        y[e] = dl * (float)q;
+    for (int s = 0; s < 16; s++) {
+        const float dl = d * (float)(get_scale_k3(scales, s) - 32);
+        for (int e = 16 * s; e < 16 * s + 16; e++) {
+            int l = e % 32, shift = 2 * ((e % 128) / 32);
+            int q = (qs[(e / 128) * 32 + l] >> shift) & 3;
+            if (!((hmask[l] >> (e / 32)) & 1)) q -= 4;
+            y[e] = dl * (float)q;
+        }
     }
 }
 
@@ -99,14 +102,16 @@ void lm_dequant_block_q3_k(const uint8_t *blk, float *y) {
 static void dequant_k4k5(const uint8_t *blk, const uint8_t *qh, const uint8_t *qs, float *y) {
     const float d = lm_rd_f16(blk), dmin = lm_rd_f16(blk + 2);
     const uint8_t *scales = blk + 4;
-    for (int e = 0; e < QK_K; e++) {
-        int l = e % 32;
-        int q = (qs[(e / 64) * 32 + l] >> ((e % 64) < 32 ? 0 : 4)) & 0x0f;
-        if (qh) q |= ((qh[l] >> (e / 32)) & 1) << 4;
+    for (int s = 0; s < 8; s++) {
         int sc, m;
-        get_scale_min_k4(scales, e / 32, &sc, &m);
+        get_scale_min_k4(scales, s, &sc, &m);
         const float d1 = d * (float)sc, m1 = dmin * (float)m;
-        y[e] = d1 * (float)q - m1;
+        for (int e = 32 * s; e < 32 * s + 32; e++) {
+            int l = e % 32;
+            int q = (qs[(e / 64) * 32 + l] >> ((e % 64) < 32 ? 0 : 4)) & 0x0f;
+            if (qh) q |= ((qh[l] >> (e / 32)) & 1) << 4;
+            y[e] = d1 * (float)q - m1;
+        }
     }
 }
 
