@@ -1,0 +1,94 @@
+/* The backend op vtable. The forward pass (model/forward.c) is written once over
+ * these ops; a backend supplies memory, weights in its preferred layout, and the
+ * kernels. Activations are row-major f32 matrices in backend memory: a buffer
+ * "[n][d]" holds n rows of d contiguous floats. Per-token metadata (positions,
+ * sequence ids) is passed in host memory.
+ *
+ * The CPU reference backend (backend/cpu/) defines the meaning of every op; any
+ * faster backend is tested against it op by op (tests/unit/test_backend_ops.c). */
+#ifndef LM_BACKEND_BACKEND_H
+#define LM_BACKEND_BACKEND_H
+
+#include "model/hparams.h"
+#include "tensor/tensor.h"
+
+struct lm_kv_cache;
+
+typedef struct lm_backend lm_backend;
+typedef struct lm_weight lm_weight; /* a weight matrix prepared by a backend */
+
+/* What attention needs to know about the tokens of a batch. */
+typedef struct lm_attn_batch {
+    int64_t n_tokens;
+    const int32_t *pos; /* [n_tokens] position of each token in its sequence */
+    const int32_t *seq; /* [n_tokens] sequence id of each token              */
+} lm_attn_batch;
+
+typedef struct lm_backend_ops {
+    const char *name;
+    void (*destroy)(lm_backend *b);
+
+    /* Backend memory. alloc returns NULL on failure; contents are undefined. */
+    void *(*alloc)(lm_backend *b, size_t bytes);
+    void (*free)(lm_backend *b, void *p);
+    void (*upload)(lm_backend *b, void *dst, const void *host_src, size_t bytes);
+    void (*download)(lm_backend *b, void *host_dst, const void *src, size_t bytes);
+    /* Copy within backend memory; the ranges may overlap. */
+    void (*copy)(lm_backend *b, void *dst, const void *src, size_t bytes);
+
+    /* Weights: a matrix of ne[1] rows by ne[0] columns in any supported format. The
+     * tensor's bytes stay owned by the caller and must outlive the weight. */
+    lm_status (*weight_create)(lm_backend *b, const lm_tensor *t, lm_weight **out);
+    void (*weight_free)(lm_backend *b, lm_weight *w);
+
+    /* out[i] = row ids[i] of `table` as f32; out [n][table cols]; ids in host memory
+     * and already checked to be in range. */
+    void (*get_rows)(lm_backend *b, const lm_weight *table, const int32_t *ids, int64_t n, float *out);
+
+    /* y[t][r] = sum_k W[r][k] * x[t][k]; x [n][cols(W)], y [n][rows(W)]. */
+    void (*matmul)(lm_backend *b, const lm_weight *w, const float *x, int64_t n, float *y);
+
+    /* y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w; x, y [n][d] (may alias), w [d]. */
+    void (*rms_norm)(lm_backend *b, const float *x, const float *w, int64_t n, int64_t d, float eps, float *y);
+
+    /* y[i] += x[i] for i < n. */
+    void (*add)(lm_backend *b, float *y, const float *x, int64_t n);
+    /* y[r][j] += bias[j]; y [n][d]. */
+    void (*add_bias)(lm_backend *b, float *y, const float *bias, int64_t n, int64_t d);
+    /* y[i] *= s. */
+    void (*scale)(lm_backend *b, float *y, float s, int64_t n);
+
+    /* Rotates the first n_rot dims of each head of x [n][n_head * head_dim] in place,
+     * angle pos[t] * freq_scale * theta^(-2i/n_rot) for pair i (pairing by mode). */
+    void (*rope)(lm_backend *b, float *x, int64_t n, int64_t n_head, int64_t head_dim, int64_t n_rot,
+                 const int32_t *pos, float theta, float freq_scale, lm_rope_mode mode);
+
+    /* out[i] = act(gate[i]) * up[i]: SiLU (SwiGLU) or tanh-approximated GELU. */
+    void (*swiglu)(lm_backend *b, const float *gate, const float *up, int64_t n, float *out);
+    void (*geglu)(lm_backend *b, const float *gate, const float *up, int64_t n, float *out);
+
+    /* Writes k, v [n][n_embd_kv] of layer `layer` into the cache slots of the batch's
+     * (seq, pos); the slots must be reserved. */
+    void (*kv_store)(lm_backend *b, struct lm_kv_cache *kv, int64_t layer, const lm_attn_batch *batch,
+                     const float *k, const float *v);
+
+    /* Causal attention of q [n][n_head * head_dim] over the cached keys/values of each
+     * token's sequence at positions <= its own (and > pos - window when window > 0);
+     * out [n][n_head * head_dim]; score = scale * q·k; GQA groups n_head / n_head_kv. */
+    void (*attention)(lm_backend *b, const struct lm_kv_cache *kv, int64_t layer, const lm_attn_batch *batch,
+                      const float *q, int64_t n_head, int64_t n_head_kv, int64_t head_dim, int64_t window,
+                      float scale, float *out);
+} lm_backend_ops;
+
+struct lm_backend {
+    const lm_backend_ops *ops;
+};
+
+/* The CPU backend with `n_threads` worker threads (1 = run on the caller). */
+lm_status lm_backend_cpu_create(int n_threads, lm_backend **out);
+
+static inline void lm_backend_free(lm_backend *b) {
+    if (b) b->ops->destroy(b);
+}
+
+#endif

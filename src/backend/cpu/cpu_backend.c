@@ -1,0 +1,119 @@
+/* The CPU backend: host memory, weights used in place from the mapped file. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_internal.h"
+#include "core/error.h"
+#include "tensor/quant.h"
+
+static void cpu_destroy(lm_backend *b) {
+    lm_cpu_backend *cpu = (lm_cpu_backend *)b;
+    lm_threadpool_free(cpu->pool);
+    free(cpu);
+}
+
+static void *cpu_alloc(lm_backend *b, size_t bytes) {
+    (void)b;
+    void *p = NULL;
+    /* 64-byte alignment: one cache line, and what AVX-512 loads like */
+    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) return NULL;
+    return p;
+}
+
+static void cpu_free(lm_backend *b, void *p) {
+    (void)b;
+    free(p);
+}
+
+static void cpu_copy(lm_backend *b, void *dst, const void *src, size_t bytes) {
+    (void)b;
+    memcpy(dst, src, bytes);
+}
+
+static void cpu_move(lm_backend *b, void *dst, const void *src, size_t bytes) {
+    (void)b;
+    memmove(dst, src, bytes);
+}
+
+static lm_status cpu_weight_create(lm_backend *b, const lm_tensor *t, lm_weight **out) {
+    (void)b;
+    *out = NULL;
+    if (t->type == LM_DTYPE_AFFINE) {
+        if (!t->scales || !t->biases || t->group_size <= 0)
+            return lm_error(LM_ERR_FORMAT, "affine-quantized tensor %s lacks scales or biases", t->name);
+    } else {
+        const lm_dtype_info *info = lm_dtype_get_info(t->type);
+        if (!info || t->type == LM_DTYPE_BOOL || t->type == LM_DTYPE_U32 || t->type == LM_DTYPE_U64 ||
+            t->type == LM_DTYPE_I64 || t->type == LM_DTYPE_I32)
+            return lm_error(LM_ERR_UNSUPPORTED, "tensor %s has type %s, which cannot be a weight matrix", t->name,
+                            lm_dtype_name(t->type));
+    }
+    lm_weight *w = malloc(sizeof *w);
+    if (!w) return lm_error(LM_ERR_NO_MEMORY, "out of memory");
+    w->t = *t;
+    *out = w;
+    return LM_OK;
+}
+
+static void cpu_weight_free(lm_backend *b, lm_weight *w) {
+    (void)b;
+    free(w);
+}
+
+void lm_cpu_weight_row(const lm_weight *w, int64_t r, float *dst) {
+    const lm_tensor *t = &w->t;
+    int64_t cols = t->ne[0];
+    if (t->type == LM_DTYPE_AFFINE) {
+        size_t row_bytes = lm_affine_row_bytes(t->bits, cols);
+        int64_t n_groups = cols / t->group_size;
+        size_t sb = lm_dtype_get_info(t->scales->type)->block_bytes;
+        lm_affine_dequantize_row(t->bits, t->group_size, (const uint32_t *)((const uint8_t *)t->data + r * row_bytes),
+                                 (const uint8_t *)t->scales->data + (size_t)(r * n_groups) * sb,
+                                 (const uint8_t *)t->biases->data + (size_t)(r * n_groups) * sb, t->scales->type,
+                                 dst, cols);
+        return;
+    }
+    size_t row_bytes = lm_dtype_row_bytes(t->type, cols);
+    const void *src = (const uint8_t *)t->data + (size_t)r * row_bytes;
+    if (t->type == LM_DTYPE_F32)
+        memcpy(dst, src, (size_t)cols * sizeof(float));
+    else
+        lm_dequantize_row(t->type, src, dst, cols);
+}
+
+static const lm_backend_ops k_cpu_ops = {
+    .name = "cpu",
+    .destroy = cpu_destroy,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .copy = cpu_move,
+    .weight_create = cpu_weight_create,
+    .weight_free = cpu_weight_free,
+    .get_rows = lm_cpu_get_rows,
+    .matmul = lm_cpu_matmul,
+    .rms_norm = lm_cpu_rms_norm,
+    .add = lm_cpu_add,
+    .add_bias = lm_cpu_add_bias,
+    .scale = lm_cpu_scale,
+    .rope = lm_cpu_rope,
+    .swiglu = lm_cpu_swiglu,
+    .geglu = lm_cpu_geglu,
+    .kv_store = lm_cpu_kv_store,
+    .attention = lm_cpu_attention,
+};
+
+lm_status lm_backend_cpu_create(int n_threads, lm_backend **out) {
+    *out = NULL;
+    lm_cpu_backend *cpu = calloc(1, sizeof *cpu);
+    if (!cpu) return lm_error(LM_ERR_NO_MEMORY, "out of memory");
+    lm_status st = lm_threadpool_create(n_threads, &cpu->pool);
+    if (st) {
+        free(cpu);
+        return st;
+    }
+    cpu->base.ops = &k_cpu_ops;
+    *out = &cpu->base;
+    return LM_OK;
+}

@@ -1,0 +1,42 @@
+/* Shared between the CPU backend's files: the backend struct and kernel entry points. */
+#ifndef LM_BACKEND_CPU_INTERNAL_H
+#define LM_BACKEND_CPU_INTERNAL_H
+
+#include "backend/backend.h"
+#include "core/threadpool.h"
+
+typedef struct lm_cpu_backend {
+    lm_backend base;
+    lm_threadpool *pool;
+} lm_cpu_backend;
+
+/* On the CPU a weight is the tensor itself (mmap'd, used in place). */
+struct lm_weight {
+    lm_tensor t;
+};
+
+static inline lm_threadpool *lm_cpu_pool(lm_backend *b) { return ((lm_cpu_backend *)b)->pool; }
+
+/* sum a[i] * b[i], vectorized where the CPU allows (runtime dispatch). */
+float lm_cpu_dot_f32(const float *a, const float *b, int64_t n);
+
+/* Row r of weight w as f32 into dst [cols]. */
+void lm_cpu_weight_row(const lm_weight *w, int64_t r, float *dst);
+
+void lm_cpu_get_rows(lm_backend *b, const lm_weight *table, const int32_t *ids, int64_t n, float *out);
+void lm_cpu_matmul(lm_backend *b, const lm_weight *w, const float *x, int64_t n, float *y);
+void lm_cpu_rms_norm(lm_backend *b, const float *x, const float *w, int64_t n, int64_t d, float eps, float *y);
+void lm_cpu_add(lm_backend *b, float *y, const float *x, int64_t n);
+void lm_cpu_add_bias(lm_backend *b, float *y, const float *bias, int64_t n, int64_t d);
+void lm_cpu_scale(lm_backend *b, float *y, float s, int64_t n);
+void lm_cpu_rope(lm_backend *b, float *x, int64_t n, int64_t n_head, int64_t head_dim, int64_t n_rot,
+                 const int32_t *pos, float theta, float freq_scale, lm_rope_mode mode);
+void lm_cpu_swiglu(lm_backend *b, const float *gate, const float *up, int64_t n, float *out);
+void lm_cpu_geglu(lm_backend *b, const float *gate, const float *up, int64_t n, float *out);
+void lm_cpu_kv_store(lm_backend *b, struct lm_kv_cache *kv, int64_t layer, const lm_attn_batch *batch,
+                     const float *k, const float *v);
+void lm_cpu_attention(lm_backend *b, const struct lm_kv_cache *kv, int64_t layer, const lm_attn_batch *batch,
+                      const float *q, int64_t n_head, int64_t n_head_kv, int64_t head_dim, int64_t window,
+                      float scale, float *out);
+
+#endif

@@ -1,0 +1,94 @@
+#include "kv/kv_cache.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "core/error.h"
+
+lm_status lm_kv_cache_create(lm_backend *backend, int64_t n_layer, int64_t n_embd_kv, int64_t block_size,
+                             int64_t n_blocks, int64_t n_seqs, lm_kv_cache **out) {
+    *out = NULL;
+    if (n_layer <= 0 || n_embd_kv <= 0 || block_size <= 0 || n_blocks <= 0 || n_blocks > INT32_MAX || n_seqs <= 0 ||
+        n_seqs > (1 << 20))
+        return lm_error(LM_ERR_INVALID_ARG, "KV cache dimensions are out of range");
+    double bytes = 2.0 * (double)n_layer * (double)n_blocks * (double)block_size * (double)n_embd_kv * sizeof(float);
+    if (bytes > 1e15) return lm_error(LM_ERR_LIMIT, "KV cache of %.3g bytes is too large", bytes);
+    lm_kv_cache *kv = calloc(1, sizeof *kv);
+    if (!kv) return lm_error(LM_ERR_NO_MEMORY, "out of memory for the KV cache");
+    kv->backend = backend;
+    kv->n_layer = n_layer;
+    kv->n_embd_kv = n_embd_kv;
+    kv->block_size = block_size;
+    kv->n_blocks = n_blocks;
+    kv->n_seqs = n_seqs;
+    size_t half = (size_t)(bytes / 2);
+    kv->k = backend->ops->alloc(backend, half);
+    kv->v = backend->ops->alloc(backend, half);
+    kv->refcount = calloc((size_t)n_blocks, sizeof *kv->refcount);
+    kv->free_list = malloc((size_t)n_blocks * sizeof *kv->free_list);
+    kv->seqs = calloc((size_t)n_seqs, sizeof *kv->seqs);
+    if (!kv->k || !kv->v || !kv->refcount || !kv->free_list || !kv->seqs) {
+        lm_kv_cache_free(kv);
+        return lm_error(LM_ERR_NO_MEMORY, "out of memory for a KV cache of %.1f MiB", bytes / (1 << 20));
+    }
+    /* hand out low block ids first: pop from the end of a descending stack */
+    for (int64_t i = 0; i < n_blocks; i++) kv->free_list[i] = (int32_t)(n_blocks - 1 - i);
+    kv->n_free = n_blocks;
+    *out = kv;
+    return LM_OK;
+}
+
+void lm_kv_cache_free(lm_kv_cache *kv) {
+    if (!kv) return;
+    if (kv->k) kv->backend->ops->free(kv->backend, kv->k);
+    if (kv->v) kv->backend->ops->free(kv->backend, kv->v);
+    if (kv->seqs)
+        for (int64_t i = 0; i < kv->n_seqs; i++) free(kv->seqs[i].blocks);
+    free(kv->seqs);
+    free(kv->refcount);
+    free(kv->free_list);
+    free(kv);
+}
+
+lm_status lm_kv_cache_reserve(lm_kv_cache *kv, int32_t seq, int64_t n_pos) {
+    if (seq < 0 || seq >= kv->n_seqs)
+        return lm_error(LM_ERR_INVALID_ARG, "sequence id %d is out of range (0..%lld)", seq, (long long)kv->n_seqs - 1);
+    if (n_pos < 0) return lm_error(LM_ERR_INVALID_ARG, "negative position count");
+    lm_kv_seq *s = &kv->seqs[seq];
+    int64_t need = (n_pos + kv->block_size - 1) / kv->block_size;
+    if (need <= s->n_blocks) {
+        if (n_pos > s->n_pos) s->n_pos = n_pos;
+        return LM_OK;
+    }
+    int64_t extra = need - s->n_blocks;
+    if (extra > kv->n_free)
+        return lm_error(LM_ERR_NO_MEMORY, "KV cache is full: %lld more blocks needed, %lld free",
+                        (long long)extra, (long long)kv->n_free);
+    if (need > s->cap) {
+        int64_t cap = s->cap ? s->cap : 8;
+        while (cap < need) cap *= 2;
+        int32_t *blocks = realloc(s->blocks, (size_t)cap * sizeof *blocks);
+        if (!blocks) return lm_error(LM_ERR_NO_MEMORY, "out of memory for a block table");
+        s->blocks = blocks;
+        s->cap = cap;
+    }
+    while (s->n_blocks < need) {
+        int32_t b = kv->free_list[--kv->n_free];
+        kv->refcount[b] = 1;
+        s->blocks[s->n_blocks++] = b;
+    }
+    s->n_pos = n_pos;
+    return LM_OK;
+}
+
+void lm_kv_cache_truncate(lm_kv_cache *kv, int32_t seq, int64_t n_pos) {
+    if (seq < 0 || seq >= kv->n_seqs || n_pos < 0) return;
+    lm_kv_seq *s = &kv->seqs[seq];
+    if (n_pos < s->n_pos) s->n_pos = n_pos;
+    int64_t keep = (n_pos + kv->block_size - 1) / kv->block_size;
+    while (s->n_blocks > keep) {
+        int32_t b = s->blocks[--s->n_blocks];
+        if (--kv->refcount[b] == 0) kv->free_list[kv->n_free++] = b;
+    }
+}

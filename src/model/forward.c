@@ -1,0 +1,152 @@
+#include "model/forward.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+
+enum { KV_BLOCK_TOKENS = 16 };
+
+lm_status lm_kv_cache_for_model(const lm_model_internal *m, int64_t n_ctx, int64_t n_seqs, lm_kv_cache **out) {
+    if (n_ctx <= 0 || n_seqs <= 0) return lm_error(LM_ERR_INVALID_ARG, "context length and sequence count must be > 0");
+    int64_t blocks_per_seq = (n_ctx + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
+    return lm_kv_cache_create(m->backend, m->hp.n_layer, m->hp.n_head_kv * m->hp.head_dim, KV_BLOCK_TOKENS,
+                              blocks_per_seq * n_seqs, n_seqs, out);
+}
+
+/* Activation buffers for one call, in backend memory. */
+typedef struct scratch {
+    float *x;        /* [n][n_embd]   residual stream        */
+    float *xn;       /* [n][n_embd]   normalized input       */
+    float *q;        /* [n][n_head*hd]                       */
+    float *k, *v;    /* [n][n_kv*hd]                         */
+    float *attn;     /* [n][n_head*hd] attention output      */
+    float *tmp;      /* [n][n_embd]   block output           */
+    float *gate, *up;/* [n][n_ff]                            */
+    float *logits;   /* [n_out][n_vocab]                     */
+} scratch;
+
+static void scratch_free(lm_backend *b, scratch *s) {
+    float *all[] = {s->x, s->xn, s->q, s->k, s->v, s->attn, s->tmp, s->gate, s->up, s->logits};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (all[i]) b->ops->free(b, all[i]);
+}
+
+static lm_status scratch_alloc(lm_backend *b, const lm_hparams *hp, int64_t n, int64_t n_out, scratch *s) {
+    memset(s, 0, sizeof *s);
+    size_t f = sizeof(float);
+    int64_t q_dim = hp->n_head * hp->head_dim, kv_dim = hp->n_head_kv * hp->head_dim;
+    s->x = b->ops->alloc(b, (size_t)(n * hp->n_embd) * f);
+    s->xn = b->ops->alloc(b, (size_t)(n * hp->n_embd) * f);
+    s->q = b->ops->alloc(b, (size_t)(n * q_dim) * f);
+    s->k = b->ops->alloc(b, (size_t)(n * kv_dim) * f);
+    s->v = b->ops->alloc(b, (size_t)(n * kv_dim) * f);
+    s->attn = b->ops->alloc(b, (size_t)(n * q_dim) * f);
+    s->tmp = b->ops->alloc(b, (size_t)(n * hp->n_embd) * f);
+    s->gate = b->ops->alloc(b, (size_t)(n * hp->n_ff) * f);
+    s->up = b->ops->alloc(b, (size_t)(n * hp->n_ff) * f);
+    s->logits = b->ops->alloc(b, (size_t)(n_out * hp->n_vocab) * f);
+    if (!s->x || !s->xn || !s->q || !s->k || !s->v || !s->attn || !s->tmp || !s->gate || !s->up || !s->logits) {
+        scratch_free(b, s);
+        return lm_error(LM_ERR_NO_MEMORY, "out of memory for activations of a %lld-token batch", (long long)n);
+    }
+    return LM_OK;
+}
+
+static lm_status check_batch(const lm_model_internal *m, lm_kv_cache *kv, const lm_batch *batch) {
+    if (!batch || batch->n_tokens <= 0 || !batch->tokens || !batch->pos || !batch->seq)
+        return lm_error(LM_ERR_INVALID_ARG, "empty or incomplete batch");
+    for (int64_t t = 0; t < batch->n_tokens; t++) {
+        if (batch->tokens[t] < 0 || batch->tokens[t] >= m->hp.n_vocab)
+            return lm_error(LM_ERR_INVALID_ARG, "token id %d at batch index %lld is outside the vocabulary (%lld)",
+                            batch->tokens[t], (long long)t, (long long)m->hp.n_vocab);
+        if (batch->seq[t] < 0 || batch->seq[t] >= kv->n_seqs)
+            return lm_error(LM_ERR_INVALID_ARG, "sequence id %d at batch index %lld is out of range",
+                            batch->seq[t], (long long)t);
+        if (batch->pos[t] < 0) return lm_error(LM_ERR_INVALID_ARG, "negative position at batch index %lld", (long long)t);
+    }
+    /* every position the batch writes needs a slot */
+    for (int64_t t = 0; t < batch->n_tokens; t++) {
+        lm_status st = lm_kv_cache_reserve(kv, batch->seq[t], (int64_t)batch->pos[t] + 1);
+        if (st) return st;
+    }
+    return LM_OK;
+}
+
+lm_status lm_forward(const lm_model_internal *m, lm_kv_cache *kv, const lm_batch *batch, float *logits) {
+    lm_status st = check_batch(m, kv, batch);
+    if (st) return st;
+    const lm_hparams *hp = &m->hp;
+    lm_backend *b = m->backend;
+    const lm_backend_ops *op = b->ops;
+    int64_t n = batch->n_tokens, d = hp->n_embd, hd = hp->head_dim;
+    int64_t q_dim = hp->n_head * hd, kv_dim = hp->n_head_kv * hd;
+    int64_t n_out = 0;
+    for (int64_t t = 0; t < n; t++) n_out += batch->logits ? (batch->logits[t] != 0) : (t == n - 1);
+
+    scratch s;
+    if ((st = scratch_alloc(b, hp, n, n_out > 0 ? n_out : 1, &s))) return st;
+    lm_attn_batch ab = {n, batch->pos, batch->seq};
+
+    op->get_rows(b, m->tok_embd, batch->tokens, n, s.x);
+    if (hp->embd_scale != 1.0f) op->scale(b, s.x, hp->embd_scale, n * d);
+
+    for (int64_t il = 0; il < hp->n_layer; il++) {
+        const lm_layer_weights *w = &m->layers[il];
+        bool swa = lm_hparams_layer_is_swa(hp, il);
+
+        /* attention block */
+        op->rms_norm(b, s.x, w->attn_norm, n, d, hp->rms_eps, s.xn);
+        op->matmul(b, w->wq, s.xn, n, s.q);
+        op->matmul(b, w->wk, s.xn, n, s.k);
+        op->matmul(b, w->wv, s.xn, n, s.v);
+        if (w->bq) {
+            op->add_bias(b, s.q, w->bq, n, q_dim);
+            op->add_bias(b, s.k, w->bk, n, kv_dim);
+            op->add_bias(b, s.v, w->bv, n, kv_dim);
+        }
+        if (w->q_norm) {
+            op->rms_norm(b, s.q, w->q_norm, n * hp->n_head, hd, hp->rms_eps, s.q);
+            op->rms_norm(b, s.k, w->k_norm, n * hp->n_head_kv, hd, hp->rms_eps, s.k);
+        }
+        float theta = swa ? hp->rope_theta_local : hp->rope_theta;
+        float fscale = swa ? 1.0f : hp->rope_freq_scale;
+        op->rope(b, s.q, n, hp->n_head, hd, hp->n_rot, batch->pos, theta, fscale, hp->rope_mode);
+        op->rope(b, s.k, n, hp->n_head_kv, hd, hp->n_rot, batch->pos, theta, fscale, hp->rope_mode);
+        op->kv_store(b, kv, il, &ab, s.k, s.v);
+        op->attention(b, kv, il, &ab, s.q, hp->n_head, hp->n_head_kv, hd, swa ? hp->sliding_window : 0,
+                      hp->attn_scale, s.attn);
+        op->matmul(b, w->wo, s.attn, n, s.tmp);
+        if (w->post_attn_norm) op->rms_norm(b, s.tmp, w->post_attn_norm, n, d, hp->rms_eps, s.tmp);
+        op->add(b, s.x, s.tmp, n * d);
+
+        /* feed-forward block */
+        op->rms_norm(b, s.x, w->ffn_norm, n, d, hp->rms_eps, s.xn);
+        op->matmul(b, w->w_gate, s.xn, n, s.gate);
+        op->matmul(b, w->w_up, s.xn, n, s.up);
+        if (hp->ffn_gelu)
+            op->geglu(b, s.gate, s.up, n * hp->n_ff, s.gate);
+        else
+            op->swiglu(b, s.gate, s.up, n * hp->n_ff, s.gate);
+        op->matmul(b, w->w_down, s.gate, n, s.tmp);
+        if (w->post_ffn_norm) op->rms_norm(b, s.tmp, w->post_ffn_norm, n, d, hp->rms_eps, s.tmp);
+        op->add(b, s.x, s.tmp, n * d);
+    }
+
+    if (n_out > 0) {
+        /* gather the rows whose logits are wanted, then the head over just those */
+        int64_t j = 0;
+        for (int64_t t = 0; t < n; t++) {
+            bool want = batch->logits ? batch->logits[t] != 0 : t == n - 1;
+            if (want) {
+                if (j != t) op->copy(b, s.x + j * d, s.x + t * d, (size_t)d * sizeof(float));
+                j++;
+            }
+        }
+        op->rms_norm(b, s.x, m->output_norm, n_out, d, hp->rms_eps, s.xn);
+        op->matmul(b, m->output, s.xn, n_out, s.logits);
+        op->download(b, logits, s.logits, (size_t)(n_out * hp->n_vocab) * sizeof(float));
+    }
+    scratch_free(b, &s);
+    return LM_OK;
+}

@@ -1,0 +1,83 @@
+/* Shared by the golden tests: reading a golden JSON file, loading its model from
+ * the `lumen pull` store (or skipping when it is absent), and comparing a logit row
+ * against a reference stored as log-sum-exp + top-k. */
+#ifndef LM_TEST_GOLDEN_UTIL_H
+#define LM_TEST_GOLDEN_UTIL_H
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "test.h"
+
+static cJSON *golden_read(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    if (!buf || fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        fclose(f);
+        free(buf);
+        return NULL;
+    }
+    fclose(f);
+    buf[n] = '\0';
+    cJSON *root = cJSON_Parse(buf);
+    free(buf);
+    return root;
+}
+
+static int32_t *golden_ids(const cJSON *arr, int *n) {
+    *n = cJSON_GetArraySize(arr);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(*n > 0 ? *n : 1));
+    for (int i = 0; i < *n; i++) ids[i] = (int32_t)cJSON_GetArrayItem(arr, i)->valuedouble;
+    return ids;
+}
+
+static double logsumexp(const float *x, int64_t n) {
+    double mx = -INFINITY, s = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        if (x[i] > mx) mx = x[i];
+    for (int64_t i = 0; i < n; i++) s += exp((double)x[i] - mx);
+    return mx + log(s);
+}
+
+static int64_t argmax(const float *x, int64_t n) {
+    int64_t best = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+/* KL(reference || ours) over the reference's top-k tokens plus one bin for the rest:
+ * a lower bound of the full KL (grouping bins never increases KL), tight when the
+ * top-k hold nearly all the mass. `pos` is one golden position: {"lse", "top"}. */
+static double golden_kl(const cJSON *pos, const float *logits, int64_t n_vocab) {
+    double ref_lse = cJSON_GetObjectItem(pos, "lse")->valuedouble;
+    double our_lse = logsumexp(logits, n_vocab);
+    const cJSON *top = cJSON_GetObjectItem(pos, "top");
+    double kl = 0.0, p_in = 0.0, q_in = 0.0;
+    const cJSON *pair;
+    cJSON_ArrayForEach(pair, top) {
+        int64_t id = (int64_t)cJSON_GetArrayItem(pair, 0)->valuedouble;
+        double lp = cJSON_GetArrayItem(pair, 1)->valuedouble - ref_lse;
+        double lq = (double)logits[id] - our_lse;
+        double p = exp(lp);
+        kl += p * (lp - lq);
+        p_in += p;
+        q_in += exp(lq);
+    }
+    double p_tail = 1.0 - p_in, q_tail = 1.0 - q_in;
+    if (p_tail > 1e-12 && q_tail > 1e-12) kl += p_tail * log(p_tail / q_tail);
+    return kl;
+}
+
+static int64_t golden_top1(const cJSON *pos) {
+    return (int64_t)cJSON_GetArrayItem(cJSON_GetArrayItem(cJSON_GetObjectItem(pos, "top"), 0), 0)->valuedouble;
+}
+
+#endif

@@ -1,0 +1,11 @@
+/* The `lumen` CLI's subcommands: each is a thin program over lumen.h and the internal
+ * layers, with argv starting at the subcommand's own name. */
+#ifndef LM_TOOLS_COMMANDS_H
+#define LM_TOOLS_COMMANDS_H
+
+int cmd_pull(int argc, char **argv);     /* tools/cmd_pull.c     */
+int cmd_inspect(int argc, char **argv);  /* tools/cmd_inspect.c  */
+int cmd_run(int argc, char **argv);      /* tools/cmd_run.c      */
+int cmd_tokenize(int argc, char **argv); /* tools/cmd_tokenize.c */
+
+#endif
