@@ -461,7 +461,7 @@ static lm_status find_value(const lm_gguf *g, const char *key, const lm_gguf_val
 }
 
 #define GETTER_PROLOGUE(want)                                                            \
-    const lm_gguf_value *v;                                                              \
+    const lm_gguf_value *v = NULL;                                                       \
     lm_status st = find_value(g, key, &v);                                               \
     if (st) return st;                                                                   \
     if (!out) return lm_error(LM_ERR_INVALID_ARG, "gguf: NULL output for key '%s'", key)
@@ -525,7 +525,7 @@ lm_status lm_gguf_get_bool(const lm_gguf *g, const char *key, bool *out) {
 }
 
 lm_status lm_gguf_get_str(const lm_gguf *g, const char *key, const char **str, size_t *len) {
-    const lm_gguf_value *v;
+    const lm_gguf_value *v = NULL;
     lm_status st = find_value(g, key, &v);
     if (st) return st;
     if ((st = lm_gguf_value_str(v, str, len))) return GETTER_FAIL(st);
@@ -534,7 +534,7 @@ lm_status lm_gguf_get_str(const lm_gguf *g, const char *key, const char **str, s
 
 lm_status lm_gguf_get_arr(const lm_gguf *g, const char *key, lm_gguf_type *elem_type, uint64_t *n,
                           const void **data) {
-    const lm_gguf_value *v;
+    const lm_gguf_value *v = NULL;
     lm_status st = find_value(g, key, &v);
     if (st) return st;
     if ((st = lm_gguf_value_arr(v, elem_type, n, data))) return GETTER_FAIL(st);
@@ -543,7 +543,7 @@ lm_status lm_gguf_get_arr(const lm_gguf *g, const char *key, lm_gguf_type *elem_
 
 lm_status lm_gguf_get_arr_str(const lm_gguf *g, const char *key, uint64_t i, const char **str,
                               size_t *len) {
-    const lm_gguf_value *v;
+    const lm_gguf_value *v = NULL;
     lm_status st = find_value(g, key, &v);
     if (st) return st;
     if ((st = lm_gguf_value_arr_str(v, i, str, len))) return GETTER_FAIL(st);
@@ -552,7 +552,7 @@ lm_status lm_gguf_get_arr_str(const lm_gguf *g, const char *key, uint64_t i, con
 
 lm_status lm_gguf_get_arr_arr(const lm_gguf *g, const char *key, uint64_t i, lm_gguf_type *elem_type,
                               uint64_t *n, const void **data) {
-    const lm_gguf_value *v;
+    const lm_gguf_value *v = NULL;
     lm_status st = find_value(g, key, &v);
     if (st) return st;
     if (v->type != LM_GGUF_ARRAY || v->elem_type != LM_GGUF_ARRAY)
@@ -741,7 +741,7 @@ static lm_status place_tensors(lm_gguf *g, parser *s) {
     int64_t k = 0;
     for (int64_t i = 0; i < g->n_tensors; i++)
         if (g->tensors[i].nbytes) order[k++] = (span){g->offsets[i], i};
-    qsort(order, (size_t)k, sizeof *order, cmp_span);
+    if (k > 1) qsort(order, (size_t)k, sizeof *order, cmp_span);
     for (int64_t j = 1; j < k; j++) {
         const lm_tensor *a = &g->tensors[order[j - 1].idx], *b = &g->tensors[order[j].idx];
         if (order[j - 1].off + a->nbytes > order[j].off) {

@@ -54,9 +54,9 @@ const char *lm_safetensors_metadata_value(const lm_safetensors *st, int64_t i);
 
 /* Writer. Shapes are given outermost-first as in the file (like numpy). Names,
  * metadata and shapes are copied at the call; tensor data is BORROWED until
- * lm_safetensors_writer_write returns. Tensors are written in the order added, each
- * data range starting at a multiple of 8 bytes in the data section; the header is
- * padded with spaces so the data section starts at a multiple of 8. */
+ * lm_safetensors_writer_write returns. Tensors are written in the order added and
+ * back to back (the reference implementation rejects holes in the data section); the
+ * header is padded with spaces so the data section starts at a multiple of 8. */
 typedef struct lm_safetensors_writer lm_safetensors_writer;
 
 lm_safetensors_writer *lm_safetensors_writer_create(void); /* NULL on OOM */
