@@ -1,13 +1,44 @@
+/* lumen: the command-line tool. Each subcommand lives in tools/cmd_<name>.c. */
 #include <stdio.h>
 #include <string.h>
 
+#include "commands.h"
 #include "lumen.h"
 
+static const struct {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *help;
+} k_commands[] = {
+    {"pull", cmd_pull, "download a model into the local store (default: smollm2-135m)"},
+    {"inspect", cmd_inspect, "show a model's architecture, hyperparameters and tensors"},
+    {"run", cmd_run, "generate text from a prompt"},
+    {"tokenize", cmd_tokenize, "show the token ids and pieces of a text"},
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: lumen COMMAND [options]   (lumen COMMAND --help for its options)\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof k_commands / sizeof k_commands[0]; i++)
+        fprintf(f, "  %-10s %s\n", k_commands[i].name, k_commands[i].help);
+    fprintf(f, "  --version  print the version\n");
+}
+
 int main(int argc, char **argv) {
-    if (argc > 1 && strcmp(argv[1], "--version") == 0) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (strcmp(argv[1], "--version") == 0) {
         printf("lumen %s\n", lm_version());
         return 0;
     }
-    fprintf(stderr, "usage: lumen COMMAND ...\n");
+    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof k_commands / sizeof k_commands[0]; i++)
+        if (strcmp(argv[1], k_commands[i].name) == 0) return k_commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "lumen: unknown command '%s'\n", argv[1]);
+    usage(stderr);
     return 2;
 }

@@ -322,9 +322,8 @@ lm_status lm_model_internal_load(const char *path, lm_backend *backend, lm_model
         st = open_hf_folder(path, &L);
     } else {
         m->format = LM_FORMAT_GGUF;
-        st = lm_gguf_open(path, &m->gguf);
-        if (st == LM_OK) st = lm_hparams_from_gguf(m->gguf, &m->hp);
-        if (st) st = lm_error_prefix(st, "%s", path);
+        st = lm_gguf_open(path, &m->gguf); /* its errors name the path already */
+        if (st == LM_OK && (st = lm_hparams_from_gguf(m->gguf, &m->hp))) st = lm_error_prefix(st, "%s", path);
     }
     if (st == LM_OK && !m->path) st = lm_error(LM_ERR_NO_MEMORY, "out of memory");
     if (st == LM_OK && (st = bind_all(&L))) st = lm_error_prefix(st, "%s", path);
