@@ -1,0 +1,61 @@
+# The two set-up commands (README.md):
+#   make run    install missing packages, build, fetch the default model, generate
+#   make test   build, run the unit + golden tests, the sanitizer build and the fuzzers
+# Everything else is a step of those two.
+
+BUILD      ?= build
+ASAN_BUILD ?= build-asan
+FUZZ_BUILD ?= build-fuzz
+JOBS       ?= $(shell nproc)
+MODEL      ?= smollm2-135m
+PROMPT     ?= In one sentence, what is the capital of France and why is it famous?
+FUZZ_SECONDS ?= 60
+LUMEN      := $(BUILD)/lumen
+
+.PHONY: all deps build run pull test test-unit test-golden test-extended test-asan test-fuzz clean
+
+all: build
+
+deps:
+	@scripts/install_deps.sh
+
+build: deps
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
+	@cmake --build $(BUILD) -j$(JOBS)
+
+pull: build
+	$(LUMEN) pull $(MODEL)
+
+run: pull
+	$(LUMEN) run $(MODEL) -p "$(PROMPT)"
+
+# Unit tests, then the golden tests on the real models (pulled first).
+test: test-unit test-golden test-asan test-fuzz
+
+test-unit: build
+	cd $(BUILD) && ctest --output-on-failure -LE "golden|fuzz|e2e" -j$(JOBS)
+	cd $(BUILD) && ctest --output-on-failure -L e2e
+
+test-golden: build
+	$(LUMEN) pull smollm2-135m gemma3-270m
+	cd $(BUILD) && ctest --output-on-failure -L golden -LE extended
+
+# The 1.5B model: minutes on two cores, so not in the default run.
+test-extended: build
+	$(LUMEN) pull qwen2.5-coder-1.5b
+	cd $(BUILD) && ctest --output-on-failure -L extended
+
+test-asan: deps
+	@cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DLUMEN_SANITIZE=ON >/dev/null
+	@cmake --build $(ASAN_BUILD) -j$(JOBS)
+	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+		ctest --output-on-failure -LE "golden|fuzz|e2e" -j$(JOBS)
+
+test-fuzz: deps
+	@cmake -S . -B $(FUZZ_BUILD) -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=Debug \
+		-DLUMEN_FUZZ=ON -DLUMEN_SANITIZE=ON -DLUMEN_FUZZ_SECONDS=$(FUZZ_SECONDS) >/dev/null
+	@cmake --build $(FUZZ_BUILD) -j$(JOBS)
+	cd $(FUZZ_BUILD) && ctest --output-on-failure -L fuzz
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)
