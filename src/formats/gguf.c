@@ -138,7 +138,8 @@ typedef struct parser {
     const uint8_t *p;
     size_t size, pos;
     const char *file;
-    char ctx[192]; /* what is being read: "key 'general.name'", "tensor #3 'x'" */
+    uint64_t nested; /* elements of arrays of arrays so far (each costs a node) */
+    char ctx[192];   /* what is being read: "key 'general.name'", "tensor #3 'x'" */
 } parser;
 
 static lm_status perr(parser *s, lm_status st, size_t off, const char *fmt, ...) LM_PRINTF(4, 5);
@@ -267,6 +268,9 @@ static lm_status parse_value(parser *s, lm_gguf_type type, lm_gguf_value *v, int
             }
         } else {
             v->data = NULL;
+            s->nested += n;
+            if (s->nested > LM_GGUF_MAX_NESTED)
+                return perr(s, LM_ERR_LIMIT, start, "more than %d elements in arrays of arrays", LM_GGUF_MAX_NESTED);
             if (n && !(v->items = calloc((size_t)n, sizeof *v->items)))
                 return perr(s, LM_ERR_NO_MEMORY, start, "out of memory for %llu nested arrays", (unsigned long long)n);
             v->n = n;

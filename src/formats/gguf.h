@@ -23,7 +23,9 @@
  *   - bool values must be 0 or 1.
  *   - general.alignment may be stored as any integer type; it must be a non-zero power
  *     of two that fits in 32 bits.
- *   - arrays may nest up to LM_GGUF_MAX_DEPTH levels (array of array of ...).
+ *   - arrays may nest up to LM_GGUF_MAX_DEPTH levels (array of array of ...), with at
+ *     most LM_GGUF_MAX_NESTED array elements in all (each costs a node in memory;
+ *     flat numeric and string arrays cost little and have no limit but the file).
  */
 #ifndef LM_FORMATS_GGUF_H
 #define LM_FORMATS_GGUF_H
@@ -35,6 +37,7 @@
 #define LM_GGUF_MAX_KV        (1 << 20)      /* key/value pairs per file              */
 #define LM_GGUF_MAX_NAME      65535          /* bytes of a key or a tensor name       */
 #define LM_GGUF_MAX_DEPTH     8              /* nesting of arrays                     */
+#define LM_GGUF_MAX_NESTED    (1 << 20)      /* elements of arrays of arrays, in all  */
 #define LM_GGUF_DEFAULT_ALIGNMENT 32
 
 typedef struct lm_gguf lm_gguf;

@@ -190,7 +190,7 @@ static void test_bad_inputs(void) {
     } cases[] = {{0, LM_ERR_FORMAT, "duplicate key"},  {1, LM_ERR_FORMAT, "unknown value type 13"},
                  {2, LM_ERR_FORMAT, "bool"},           {3, LM_ERR_LIMIT, "nested"},
                  {4, LM_ERR_FORMAT, "does not fit"},   {5, LM_ERR_FORMAT, "unknown element type"},
-                 {6, LM_ERR_FORMAT, "NUL"}};
+                 {6, LM_ERR_FORMAT, "NUL"},            {7, LM_ERR_LIMIT, "arrays of arrays"}};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         buf b = {0};
         put(&b, "GGUF", 4);
@@ -214,6 +214,11 @@ static void test_bad_inputs(void) {
             break;
         case 5: put_str(&b, "k"), put_u32(&b, LM_GGUF_ARRAY), put_u32(&b, 77), put_u64(&b, 0); break;
         case 6: put_u64(&b, 3), put(&b, "a\0b", 3), put_u32(&b, LM_GGUF_U8), put(&b, "\x01", 1); break;
+        case 7: /* more nested elements than the limit, each an empty u8 array */
+            put_str(&b, "k"), put_u32(&b, LM_GGUF_ARRAY), put_u32(&b, LM_GGUF_ARRAY);
+            put_u64(&b, LM_GGUF_MAX_NESTED + 1ull);
+            for (uint64_t e = 0; e <= LM_GGUF_MAX_NESTED; e++) put_u32(&b, LM_GGUF_U8), put_u64(&b, 0);
+            break;
         }
         lm_status st = open_bytes(b.p, b.n, &g);
         CHECK(st == cases[c].want);
