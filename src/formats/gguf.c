@@ -1160,12 +1160,12 @@ lm_status lm_gguf_writer_write(lm_gguf_writer *w, const char *path) {
         off += t->nbytes;
         off += (align - off % align) % align;
     }
-    /* The last tensor is not padded: a reader needs only its bytes, and an exact end
-     * lets a truncated file be told from a complete one. */
+    /* Every tensor, the last one included, is padded to the alignment: readers that
+     * load the data section as one blob of padded sizes expect the trailing padding. */
     if (w->n_tensors) wpad(&o, align);
     for (size_t i = 0; i < w->n_tensors; i++) {
-        if (i) wpad(&o, align);
         wbytes(&o, w->tensors[i].data, w->tensors[i].nbytes);
+        wpad(&o, align);
     }
     int err = 0;
     if (o.failed) err = errno ? errno : EIO;
