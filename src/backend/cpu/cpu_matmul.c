@@ -6,8 +6,15 @@
 #include <stdlib.h>
 
 #include "backend/cpu/cpu_internal.h"
+#include "backend/cpu/cpu_q8.h"
 
-enum { ROW_TILE = 8 };
+enum {
+    ROW_TILE = 8,
+    /* up to this many tokens, quantized weights take the integer path: activations
+     * quantized to 8 bits once, each weight row read once per token straight from
+     * the file; beyond, decoding rows to f32 once per call pays off */
+    Q8_MAX_TOKENS = 4,
+};
 
 __attribute__((target_clones("avx512f", "avx2", "default")))
 float lm_cpu_dot_f32(const float *a, const float *b, int64_t n) {
@@ -51,7 +58,35 @@ static void matmul_worker(void *ctx, int ith, int nth) {
     free(tile);
 }
 
+typedef struct q8_job {
+    const lm_weight *w;
+    const lm_q8a_block *a; /* [n][cols / 32] */
+    int64_t n;
+    float *y;
+    lm_q8a_dot_fn dot;
+} q8_job;
+
+static void q8_worker(void *ctx, int ith, int nth) {
+    const q8_job *job = ctx;
+    int64_t rows = job->w->t.ne[1], cols = job->w->t.ne[0], r0, r1;
+    size_t row_bytes = lm_dtype_row_bytes(job->w->t.type, cols);
+    lm_split_range(rows, ith, nth, &r0, &r1);
+    const uint8_t *base = job->w->t.data;
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t t = 0; t < job->n; t++)
+            job->y[t * rows + r] = job->dot(base + (size_t)r * row_bytes, job->a + t * (cols / 32), cols);
+}
+
 void lm_cpu_matmul(lm_backend *b, const lm_weight *w, const float *x, int64_t n, float *y) {
+    lm_q8a_dot_fn dot = n <= Q8_MAX_TOKENS && w->t.type != LM_DTYPE_AFFINE ? lm_q8a_dot_for(w->t.type) : NULL;
+    lm_q8a_block stack[Q8_MAX_TOKENS * 512];
+    int64_t cols = w->t.ne[0], n_blocks = n * (cols / 32);
+    if (dot && n_blocks <= (int64_t)(sizeof stack / sizeof stack[0])) {
+        for (int64_t t = 0; t < n; t++) lm_q8a_quantize_row(x + t * cols, stack + t * (cols / 32), cols);
+        q8_job job = {w, stack, n, y, dot};
+        lm_threadpool_run(lm_cpu_pool(b), q8_worker, &job);
+        return;
+    }
     matmul_job job = {w, x, n, y};
     lm_threadpool_run(lm_cpu_pool(b), matmul_worker, &job);
 }

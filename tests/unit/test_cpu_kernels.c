@@ -1,0 +1,98 @@
+/* Every fast CPU kernel against the scalar reference on random inputs.
+ *
+ * q8 integer dot products (decode path): the SIMD kernel must equal the scalar
+ * kernel of the same arithmetic (weights dequantized exactly, activations quantized
+ * to 8 bits) within 1e-5 of sum |w_i * x_i| — only summation order differs — and
+ * stay within 0.5% of that scale from the exact f32 dot (the quantization of the
+ * activations is the only approximation). */
+#include <string.h>
+
+#include "backend/cpu/cpu_internal.h"
+#include "backend/cpu/cpu_q8.h"
+#include "tensor/quant.h"
+#include "test.h"
+
+static uint64_t g_rng = 42;
+static float frand(void) {
+    g_rng = g_rng * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (float)((g_rng >> 40) & 0xffffff) / (float)(1 << 24) * 2.0f - 1.0f;
+}
+
+static void test_q8_kernels(void) {
+    const lm_dtype types[] = {LM_DTYPE_Q4_0, LM_DTYPE_Q4_1, LM_DTYPE_Q5_0, LM_DTYPE_Q5_1,
+                              LM_DTYPE_Q8_0, LM_DTYPE_Q4_K, LM_DTYPE_Q5_K, LM_DTYPE_Q6_K};
+    enum { N = 1024, ROWS = 16 };
+    static float w[N], x[N], wd[N];
+    static uint8_t wq[N * 2];
+    static lm_q8a_block a[N / 32];
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        lm_dtype t = types[ti];
+        lm_q8a_dot_fn fast = lm_q8a_dot_for(t), ref = lm_q8a_dot_scalar_for(t);
+        CHECK(ref != NULL);
+        if (!fast) {
+            printf("  %-5s no SIMD kernel on this CPU: SKIPPED\n", lm_dtype_name(t));
+            continue;
+        }
+        double worst_simd = 0, worst_quant = 0;
+        for (int r = 0; r < ROWS; r++) {
+            float scale = r % 4 == 0 ? 100.0f : r % 4 == 1 ? 1e-3f : 1.0f;
+            for (int i = 0; i < N; i++) {
+                w[i] = frand() * scale + (r % 3 == 0 ? 0.3f * scale : 0.0f); /* some rows off-centre */
+                x[i] = frand() * (i % 7 == 0 ? 8.0f : 1.0f);
+            }
+            CHECK(lm_quantize_row(t, w, wq, N));
+            CHECK(lm_dequantize_row(t, wq, wd, N));
+            lm_q8a_quantize_row(x, a, N);
+            double exact = 0, mag = 0;
+            for (int i = 0; i < N; i++) {
+                exact += (double)wd[i] * x[i];
+                mag += fabs((double)wd[i] * x[i]);
+            }
+            double f = fast(wq, a, N), s = ref(wq, a, N);
+            worst_simd = fmax(worst_simd, fabs(f - s) / mag);
+            worst_quant = fmax(worst_quant, fabs(f - exact) / mag);
+        }
+        printf("  %-5s SIMD vs scalar %.2e, vs exact f32 %.2e (relative to sum|w*x|)\n", lm_dtype_name(t),
+               worst_simd, worst_quant);
+        CHECK(worst_simd < 1e-5);
+        CHECK(worst_quant < 5e-3);
+    }
+}
+
+/* the activation quantizer: d = max|x| / 127, codes round to nearest, sums right */
+static void test_q8_quantize(void) {
+    float x[64];
+    lm_q8a_block a[2];
+    for (int i = 0; i < 64; i++) x[i] = (float)(i - 20) * 0.25f;
+    lm_q8a_quantize_row(x, a, 64);
+    CHECK_NEAR(a[0].d, 5.0f / 127.0f, 1e-9);    /* block 0: max |x| = |-5| */
+    CHECK(a[0].q[0] == -127);
+    CHECK(a[0].q[20] == 0);
+    int s = 0;
+    for (int i = 0; i < 16; i++) s += a[1].q[i];
+    CHECK(s == a[1].sum16[0]);
+    float z[32] = {0};
+    lm_q8a_quantize_row(z, a, 32);
+    CHECK(a[0].d == 0.0f && a[0].q[5] == 0 && a[0].sum16[0] == 0);
+}
+
+/* f32 dot with its target clones vs a plain double loop */
+static void test_dot_f32(void) {
+    float a[1003], b[1003];
+    double exact = 0, mag = 0;
+    for (int i = 0; i < 1003; i++) {
+        a[i] = frand();
+        b[i] = frand();
+        exact += (double)a[i] * b[i];
+        mag += fabs((double)a[i] * b[i]);
+    }
+    CHECK(fabs(lm_cpu_dot_f32(a, b, 1003) - exact) / mag < 1e-6);
+    CHECK(lm_cpu_dot_f32(a, b, 0) == 0.0f);
+}
+
+int main(void) {
+    test_q8_quantize();
+    test_q8_kernels();
+    test_dot_f32();
+    TEST_MAIN_END();
+}
