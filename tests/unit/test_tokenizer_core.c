@@ -14,18 +14,16 @@
 /* ---- a byte-level BPE vocabulary: 256 byte tokens + a few merges + specials ---- */
 
 static lm_tokenizer *make_bpe(const char *pre, int add_bos) {
-    static char store[64][16];
     lm_strview toks[256 + 16];
     int32_t types[256 + 16];
     uint32_t n = 0;
     for (int b = 0; b < 256; b++) {
-        size_t k = lm_byte_to_utf8((uint8_t)b, store[0] + 0); /* length only */
         char *p = malloc(2);
-        lm_byte_to_utf8((uint8_t)b, p);
+        size_t k = lm_byte_to_utf8((uint8_t)b, p);
         toks[n] = (lm_strview){p, k};
         types[n++] = LM_TOKTYPE_NORMAL;
     }
-    const char *extra[] = {"ab", "abc", "\xc4\xa0" "a", "aa", "aaaa", "<|s|>", "<ud>", "<|eot_id|>"};
+    const char *extra[] = {"ab", "abc", ("\xc4\xa0" "a"), "aa", "aaaa", "<|s|>", "<ud>", "<|eot_id|>"};
     const int32_t et[] = {1, 1, 1, 1, 1, LM_TOKTYPE_CONTROL, LM_TOKTYPE_USER_DEFINED, LM_TOKTYPE_CONTROL};
     for (size_t i = 0; i < 8; i++) {
         toks[n] = (lm_strview){extra[i], strlen(extra[i])};

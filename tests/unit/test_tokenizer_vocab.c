@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
 #include <sys/stat.h>
 
 #include "formats/gguf.h"
@@ -105,6 +106,31 @@ static bool stream_matches(const lm_tokenizer *tok, const int32_t *ids, size_t n
     return ok;
 }
 
+/* The same vectors tokenized concurrently on one tokenizer (it is immutable). */
+typedef struct {
+    const lm_tokenizer *tok;
+    const str *tests;
+    size_t n;
+    int32_t *const *expect;
+    const size_t *n_expect;
+    int failures;
+} thread_job;
+
+static void *thread_main(void *arg) {
+    thread_job *j = arg;
+    for (int rep = 0; rep < 3; rep++) {
+        for (size_t t = 0; t < j->n; t++) {
+            int32_t *ids = NULL;
+            size_t n = 0;
+            if (lm_tokenize_alloc(j->tok, j->tests[t].p, j->tests[t].n, false, false, &ids, &n) != LM_OK ||
+                n != j->n_expect[t] || (n && memcmp(ids, j->expect[t], n * sizeof *ids) != 0))
+                j->failures++;
+            free(ids);
+        }
+    }
+    return NULL;
+}
+
 static int run_vocab(const char *dir, const char *name, bool lossless, int *n_pass, int *n_total) {
     char path[1024], pin[1100], pout[1100];
     snprintf(path, sizeof path, "%s/ggml-vocab-%s.gguf", dir, name);
@@ -135,6 +161,8 @@ static int run_vocab(const char *dir, const char *name, bool lossless, int *n_pa
     str tests[512];
     size_t nt = split_inputs(inp, in_len, tests, 512);
     int pass = 0, total = 0, rt_ok = 0, stream_ok = 0;
+    int32_t *expects[512];
+    size_t n_expects[512];
     char *line = outp;
     for (size_t t = 0; t < nt; t++) {
         char *nl = strchr(line, '\n');
@@ -147,6 +175,9 @@ static int run_vocab(const char *dir, const char *name, bool lossless, int *n_pa
             expect[ne++] = (int32_t)strtol(q, &q, 10);
         }
         line = nl ? nl + 1 : line + strlen(line);
+        expects[t] = malloc((ne ? ne : 1) * sizeof(int32_t));
+        if (ne) memcpy(expects[t], expect, ne * sizeof(int32_t));
+        n_expects[t] = ne;
 
         int32_t *ids = NULL;
         size_t n = 0;
@@ -182,6 +213,18 @@ static int run_vocab(const char *dir, const char *name, bool lossless, int *n_pa
             rt_ok, total, lossless ? "" : " (clean_spaces: lossy by design)", stream_ok, total);
     CHECK(pass == total);
     CHECK(stream_ok == total);
+
+    thread_job jobs[4];
+    pthread_t th[4];
+    for (int k = 0; k < 4; k++) {
+        jobs[k] = (thread_job){tok, tests, nt, expects, n_expects, 0};
+        CHECK(pthread_create(&th[k], NULL, thread_main, &jobs[k]) == 0);
+    }
+    for (int k = 0; k < 4; k++) {
+        pthread_join(th[k], NULL);
+        CHECK(jobs[k].failures == 0);
+    }
+    for (size_t t = 0; t < nt; t++) free(expects[t]);
     if (lossless) CHECK(rt_ok == total);
 
     /* invalid UTF-8: tokenized without error; byte-exact round trip, except for bytes
