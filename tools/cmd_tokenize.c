@@ -151,16 +151,16 @@ int cmd_tokenize(int argc, char **argv) {
     int rc = 1;
     if (lm_model_store_resolve(model, path, sizeof path) || lm_gguf_open(path, &g) ||
         lm_tokenizer_from_gguf(g, &tok) ||
-        lm_tokenize_alloc(tok, text, len, add_special, parse_special, &ids, &n)) {
+        lm_tokenizer_encode_alloc(tok, text, len, add_special, parse_special, &ids, &n)) {
         fprintf(stderr, "lumen tokenize: %s\n", lm_last_error());
         goto done;
     }
     char *dec = NULL;
     size_t dn = 0;
     if (decode) {
-        lm_detokenize(tok, ids, n, false, true, NULL, 0, &dn);
+        lm_tokenizer_decode(tok, ids, n, false, true, NULL, 0, &dn);
         dec = malloc(dn + 1);
-        if (!dec || lm_detokenize(tok, ids, n, false, true, dec, dn, &dn)) {
+        if (!dec || lm_tokenizer_decode(tok, ids, n, false, true, dec, dn, &dn)) {
             fprintf(stderr, "lumen tokenize: cannot detokenize: %s\n", lm_last_error());
             free(dec);
             goto done;

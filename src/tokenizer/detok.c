@@ -1,5 +1,5 @@
 /* Incremental detokenization. Each token's piece goes through the same steps as
- * lm_detokenize, done online:
+ * lm_tokenizer_decode, done online:
  *   - the first piece loses one leading space (SPM add_space_prefix), unless the
  *     sequence started with a removed BOS;
  *   - a trailing EOS is dropped when remove_special: an EOS is held until another
@@ -247,7 +247,7 @@ lm_status lm_detok_stream_push(lm_detok_stream *s, int32_t id, const char **text
 
 lm_status lm_detok_stream_finish(lm_detok_stream *s, const char **text, size_t *len) {
     if (!s || !text || !len) return lm_error(LM_ERR_INVALID_ARG, "detok stream: NULL argument");
-    s->held_eos = false; /* a final EOS is dropped, as in lm_detokenize */
+    s->held_eos = false; /* a final EOS is dropped, as in lm_tokenizer_decode */
     if (s->v->clean_spaces) {
         p1_flush(s);
         p2_flush(s);

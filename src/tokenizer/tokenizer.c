@@ -91,10 +91,10 @@ done:
     return st;
 }
 
-lm_status lm_tokenize_alloc(const lm_tokenizer *tok, const char *text, size_t len,
+lm_status lm_tokenizer_encode_alloc(const lm_tokenizer *tok, const char *text, size_t len,
                             bool add_special, bool parse_special, int32_t **ids, size_t *n) {
     if (!tok || !ids || !n || (!text && len))
-        return lm_error(LM_ERR_INVALID_ARG, "tokenize: NULL argument");
+        return lm_error(LM_ERR_INVALID_ARG, "tokenizer_encode: NULL argument");
     *ids = NULL;
     *n = 0;
     lm_ivec out = {0};
@@ -112,13 +112,13 @@ lm_status lm_tokenize_alloc(const lm_tokenizer *tok, const char *text, size_t le
     return LM_OK;
 }
 
-lm_status lm_tokenize(const lm_tokenizer *tok, const char *text, size_t len, bool add_special,
+lm_status lm_tokenizer_encode(const lm_tokenizer *tok, const char *text, size_t len, bool add_special,
                       bool parse_special, int32_t *ids, size_t cap, size_t *n_out) {
-    if (!n_out || (!ids && cap)) return lm_error(LM_ERR_INVALID_ARG, "tokenize: NULL argument");
+    if (!n_out || (!ids && cap)) return lm_error(LM_ERR_INVALID_ARG, "tokenizer_encode: NULL argument");
     *n_out = 0;
     int32_t *all;
     size_t n;
-    lm_status st = lm_tokenize_alloc(tok, text, len, add_special, parse_special, &all, &n);
+    lm_status st = lm_tokenizer_encode_alloc(tok, text, len, add_special, parse_special, &all, &n);
     if (st) return st;
     if (n && cap) memcpy(ids, all, (n < cap ? n : cap) * sizeof *ids);
     free(all);
@@ -210,7 +210,7 @@ lm_status lm_tokenizer_piece(const lm_tokenizer *tok, int32_t id, bool special,
     return LM_OK;
 }
 
-lm_status lm_token_to_piece(const lm_tokenizer *tok, int32_t id, bool special, char *buf,
+lm_status lm_tokenizer_token_to_piece(const lm_tokenizer *tok, int32_t id, bool special, char *buf,
                             size_t cap, size_t *n_out) {
     if (!n_out || (!buf && cap)) return lm_error(LM_ERR_INVALID_ARG, "token_to_piece: NULL argument");
     const char *p;
@@ -258,11 +258,11 @@ static size_t clean_spaces(char *t, size_t total) {
     return n;
 }
 
-lm_status lm_detokenize(const lm_tokenizer *tok, const int32_t *ids, size_t n,
+lm_status lm_tokenizer_decode(const lm_tokenizer *tok, const int32_t *ids, size_t n,
                         bool remove_special, bool unparse_special, char *buf, size_t cap,
                         size_t *n_out) {
     if (!tok || !n_out || (!ids && n) || (!buf && cap))
-        return lm_error(LM_ERR_INVALID_ARG, "detokenize: NULL argument");
+        return lm_error(LM_ERR_INVALID_ARG, "tokenizer_decode: NULL argument");
     *n_out = 0;
     const lm_vocab *v = tok->v;
     bool remove_space = v->add_space_prefix;
@@ -285,7 +285,7 @@ lm_status lm_detokenize(const lm_tokenizer *tok, const int32_t *ids, size_t n,
         remove_space = false;
         if (!lm_bytes_append(&b, p, len)) {
             free(b.p);
-            return lm_error(LM_ERR_NO_MEMORY, "detokenize: out of memory");
+            return lm_error(LM_ERR_NO_MEMORY, "tokenizer_decode: out of memory");
         }
     }
     size_t total = b.n;

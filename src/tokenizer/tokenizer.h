@@ -54,11 +54,11 @@ void lm_tokenizer_free(lm_tokenizer *tok); /* NULL is a no-op */
  * parse_special: control tokens written in the text ("<|im_start|>") become their ids;
  * otherwise they are tokenized as plain text. User-defined tokens are always matched,
  * as in llama.cpp. Writes min(needed, cap) ids; *n_out = needed. */
-lm_status lm_tokenize(const lm_tokenizer *tok, const char *text, size_t len, bool add_special,
+lm_status lm_tokenizer_encode(const lm_tokenizer *tok, const char *text, size_t len, bool add_special,
                       bool parse_special, int32_t *ids, size_t cap, size_t *n_out);
 
 /* Same, into a malloc'd array the caller frees (*ids is NULL when *n is 0). */
-lm_status lm_tokenize_alloc(const lm_tokenizer *tok, const char *text, size_t len,
+lm_status lm_tokenizer_encode_alloc(const lm_tokenizer *tok, const char *text, size_t len,
                             bool add_special, bool parse_special, int32_t **ids, size_t *n);
 
 /* ---- detokenize ---- */
@@ -70,7 +70,7 @@ lm_status lm_tokenizer_piece(const lm_tokenizer *tok, int32_t id, bool special,
                              const char **piece, size_t *len);
 
 /* Same into a buffer (needed-size convention). */
-lm_status lm_token_to_piece(const lm_tokenizer *tok, int32_t id, bool special, char *buf,
+lm_status lm_tokenizer_token_to_piece(const lm_tokenizer *tok, int32_t id, bool special, char *buf,
                             size_t cap, size_t *n_out);
 
 /* Text of a token sequence, as llama_detokenize: remove_special drops a leading BOS
@@ -78,14 +78,14 @@ lm_status lm_token_to_piece(const lm_tokenizer *tok, int32_t id, bool special, c
  * tokens; SPM vocabularies with add_space_prefix drop the first piece's leading
  * space; vocabularies with clean_spaces tidy " ." " ' " " 's" ... The output is raw
  * bytes (a sequence cut inside a character ends in an incomplete UTF-8 sequence). */
-lm_status lm_detokenize(const lm_tokenizer *tok, const int32_t *ids, size_t n,
+lm_status lm_tokenizer_decode(const lm_tokenizer *tok, const int32_t *ids, size_t n,
                         bool remove_special, bool unparse_special, char *buf, size_t cap,
                         size_t *n_out);
 
 /* ---- incremental detokenizer ---- */
 
 /* Turns a token stream into text as it arrives. The concatenation of everything
- * push and finish return equals lm_detokenize of the whole sequence (same flags).
+ * push and finish return equals lm_tokenizer_decode of the whole sequence (same flags).
  * Text is released as soon as it is final: an incomplete UTF-8 sequence at the end
  * (a character split across byte tokens) and, for clean_spaces vocabularies, a
  * trailing " ", " '", " 'r"... whose fate depends on what follows are held back, so
@@ -100,7 +100,7 @@ void lm_detok_stream_reset(lm_detok_stream *s);
 /* Adds one token; *text and *len: the newly final text, borrowed until the next call on s. */
 lm_status lm_detok_stream_push(lm_detok_stream *s, int32_t id, const char **text, size_t *len);
 /* Ends the sequence: returns whatever was held back (possibly an incomplete UTF-8
- * sequence, exactly as lm_detokenize would end) and resets the stream. */
+ * sequence, exactly as lm_tokenizer_decode would end) and resets the stream. */
 lm_status lm_detok_stream_finish(lm_detok_stream *s, const char **text, size_t *len);
 
 /* ---- vocabulary facts ---- */

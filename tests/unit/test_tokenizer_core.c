@@ -56,7 +56,7 @@ static bool tok_eq(const lm_tokenizer *t, const char *text, bool add, bool parse
                    size_t nw) {
     int32_t *ids;
     size_t n;
-    if (lm_tokenize_alloc(t, text, strlen(text), add, parse, &ids, &n)) return false;
+    if (lm_tokenizer_encode_alloc(t, text, strlen(text), add, parse, &ids, &n)) return false;
     bool ok = n == nw && (n == 0 || memcmp(ids, want, n * sizeof *ids) == 0);
     if (!ok) {
         fprintf(stderr, "  '%s': got", text);
@@ -83,7 +83,7 @@ static void test_bpe(void) {
     {
         int32_t *ids;
         size_t n;
-        CHECK(lm_tokenize_alloc(t, "<|s|>", 5, false, false, &ids, &n) == LM_OK);
+        CHECK(lm_tokenizer_encode_alloc(t, "<|s|>", 5, false, false, &ids, &n) == LM_OK);
         CHECK(n > 1);
         for (size_t i = 0; i < n; i++) CHECK(ids[i] != S);
         free(ids);
@@ -98,9 +98,9 @@ static void test_bpe(void) {
     int32_t one[1];
     size_t need = 0;
     /* "ab ab ab" -> ab, Ġ, ab, Ġ, ab ("a b" outranks "Ġ a") */
-    CHECK(lm_tokenize(t, "ab ab ab", 8, false, false, one, 1, &need) == LM_OK);
+    CHECK(lm_tokenizer_encode(t, "ab ab ab", 8, false, false, one, 1, &need) == LM_OK);
     CHECK(need == 5 && one[0] == AB);
-    CHECK(lm_tokenize(t, "ab ab ab", 8, false, false, NULL, 0, &need) == LM_OK && need == 5);
+    CHECK(lm_tokenizer_encode(t, "ab ab ab", 8, false, false, NULL, 0, &need) == LM_OK && need == 5);
     /* pieces: control tokens only with special */
     const char *p;
     size_t pl;
@@ -112,7 +112,7 @@ static void test_bpe(void) {
     int32_t bad[] = {AB, 1 << 30};
     char buf[16];
     size_t dn;
-    CHECK(lm_detokenize(t, bad, 2, false, false, buf, sizeof buf, &dn) == LM_ERR_INVALID_ARG);
+    CHECK(lm_tokenizer_decode(t, bad, 2, false, false, buf, sizeof buf, &dn) == LM_ERR_INVALID_ARG);
     (void)AA;
 
     /* a long single word: the merge loop must be O(n log n), not quadratic */
@@ -122,7 +122,7 @@ static void test_bpe(void) {
     clock_t c0 = clock();
     int32_t *ids;
     size_t n;
-    CHECK(lm_tokenize_alloc(t, w, big, false, false, &ids, &n) == LM_OK);
+    CHECK(lm_tokenizer_encode_alloc(t, w, big, false, false, &ids, &n) == LM_OK);
     double secs = (double)(clock() - c0) / CLOCKS_PER_SEC;
     CHECK(n == big / 4);
     fprintf(stderr, "  1 MiB single word: %zu tokens in %.3f s\n", n, secs);
@@ -197,9 +197,9 @@ static void test_spm(void) {
     char buf[64];
     size_t n;
     int32_t seq[] = {BOS, HELLO, SP, 3 + 0xC3, 3 + 0xA9};
-    CHECK(lm_detokenize(t, seq + 1, 4, false, false, buf, sizeof buf, &n) == LM_OK);
+    CHECK(lm_tokenizer_decode(t, seq + 1, 4, false, false, buf, sizeof buf, &n) == LM_OK);
     CHECK(n == 8 && memcmp(buf, "hello \xc3\xa9", 8) == 0);
-    CHECK(lm_detokenize(t, seq, 5, true, false, buf, sizeof buf, &n) == LM_OK);
+    CHECK(lm_tokenizer_decode(t, seq, 5, true, false, buf, sizeof buf, &n) == LM_OK);
     CHECK(n == 9 && memcmp(buf, " hello \xc3\xa9", 9) == 0);
 
     /* stream: the split character is held back until complete */
@@ -241,7 +241,7 @@ static void test_clean_stream(void) {
         size_t n = (size_t)(rand() % 24);
         for (size_t i = 0; i < n; i++) ids[i] = byte_id((unsigned char)alpha[rand() % (sizeof alpha - 1)]);
         size_t wn;
-        CHECK(lm_detokenize(t, ids, n, false, false, whole, sizeof whole, &wn) == LM_OK);
+        CHECK(lm_tokenizer_decode(t, ids, n, false, false, whole, sizeof whole, &wn) == LM_OK);
         lm_detok_stream *s;
         if (lm_detok_stream_create(t, false, false, &s)) break;
         char acc[256];

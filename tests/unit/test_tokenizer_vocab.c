@@ -122,7 +122,7 @@ static void *thread_main(void *arg) {
         for (size_t t = 0; t < j->n; t++) {
             int32_t *ids = NULL;
             size_t n = 0;
-            if (lm_tokenize_alloc(j->tok, j->tests[t].p, j->tests[t].n, false, false, &ids, &n) != LM_OK ||
+            if (lm_tokenizer_encode_alloc(j->tok, j->tests[t].p, j->tests[t].n, false, false, &ids, &n) != LM_OK ||
                 n != j->n_expect[t] || (n && memcmp(ids, j->expect[t], n * sizeof *ids) != 0))
                 j->failures++;
             free(ids);
@@ -182,7 +182,7 @@ static int run_vocab(const char *dir, const char *name, bool lossless, int *n_pa
         int32_t *ids = NULL;
         size_t n = 0;
         total++;
-        st = lm_tokenize_alloc(tok, tests[t].p, tests[t].n, false, false, &ids, &n);
+        st = lm_tokenizer_encode_alloc(tok, tests[t].p, tests[t].n, false, false, &ids, &n);
         bool ok = st == LM_OK && n == ne && (n == 0 || memcmp(ids, expect, n * sizeof *ids) == 0);
         if (ok) {
             pass++;
@@ -194,9 +194,9 @@ static int run_vocab(const char *dir, const char *name, bool lossless, int *n_pa
             fprintf(stderr, "\n");
         }
         size_t dn = 0;
-        lm_detokenize(tok, ids, n, false, true, NULL, 0, &dn);
+        lm_tokenizer_decode(tok, ids, n, false, true, NULL, 0, &dn);
         char *dec = malloc(dn + 1);
-        CHECK(lm_detokenize(tok, ids, n, false, true, dec, dn, &dn) == LM_OK);
+        CHECK(lm_tokenizer_decode(tok, ids, n, false, true, dec, dn, &dn) == LM_OK);
         if (dn == tests[t].n && memcmp(dec, tests[t].p, dn) == 0)
             rt_ok++;
         else if (lossless)
@@ -235,7 +235,7 @@ static int run_vocab(const char *dir, const char *name, bool lossless, int *n_pa
         int32_t *ids = NULL;
         size_t n = 0;
         size_t bl = strlen(bad[i]);
-        CHECK(lm_tokenize_alloc(tok, bad[i], bl, false, false, &ids, &n) == LM_OK);
+        CHECK(lm_tokenizer_encode_alloc(tok, bad[i], bl, false, false, &ids, &n) == LM_OK);
         bool representable = true;
         for (size_t k = 0; k < bl; k++) {
             unsigned char c = (unsigned char)bad[i][k];
@@ -248,7 +248,7 @@ static int run_vocab(const char *dir, const char *name, bool lossless, int *n_pa
         CHECK(n > 0);
         char dec[64];
         size_t dn = 0;
-        CHECK(lm_detokenize(tok, ids, n, false, true, dec, sizeof dec, &dn) == LM_OK);
+        CHECK(lm_tokenizer_decode(tok, ids, n, false, true, dec, sizeof dec, &dn) == LM_OK);
         if (!(dn == bl && memcmp(dec, bad[i], bl) == 0)) {
             fprintf(stderr, "  %s: invalid UTF-8 input %zu did not round-trip\n", name, i);
             CHECK(0);
