@@ -68,7 +68,8 @@ def render(env, source, conv):
     try:
         tmpl = env.from_string(source)
         out = tmpl.render(messages=conv["messages"], tools=conv.get("tools"), documents=None,
-                          add_generation_prompt=conv["add_generation_prompt"], bos_token=BOS, eos_token=EOS)
+                          add_generation_prompt=conv["add_generation_prompt"], bos_token=BOS, eos_token=EOS,
+                          **conv.get("extra", {}))
         return {"output": out}
     except Exception as e:  # any failure is a golden outcome: lumen must fail too
         return {"error": f"{type(e).__name__}: {e}"}

@@ -107,13 +107,15 @@ int main(void) {
             char *msgs = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(conv, "messages"));
             cJSON *tools_j = cJSON_GetObjectItemCaseSensitive(conv, "tools");
             char *tools = tools_j ? cJSON_PrintUnformatted(tools_j) : NULL;
+            cJSON *extra_j = cJSON_GetObjectItemCaseSensitive(conv, "extra");
+            char *extra = extra_j ? cJSON_PrintUnformatted(extra_j) : NULL;
             bool agp = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(conv, "add_generation_prompt"));
             char *out = NULL;
             size_t out_len = 0;
             lm_status st = pst;
             char why[1200] = "";
             if (t) {
-                st = lm_template_render_chat_ex(t, msgs, tools, agp, "<s>", "</s>", NULL, &lim, &out, &out_len);
+                st = lm_template_render_chat_ex(t, msgs, tools, agp, "<s>", "</s>", extra, &lim, &out, &out_len);
                 if (st != LM_OK) snprintf(why, sizeof why, "%s", lm_last_error());
             } else {
                 snprintf(why, sizeof why, "%s", parse_err);
@@ -121,6 +123,8 @@ int main(void) {
             bool ok;
             if (want_err) {
                 ok = st != LM_OK;
+                if (ok && getenv("LM_TEMPLATE_GOLDEN_ERRORS"))
+                    printf("  %s / %s:\n    jinja2: %s\n    lumen:  %s\n", stem, conv->string, want_err->valuestring, why);
                 if (!ok && verbose) fprintf(stderr, "  %s / %s: jinja2 raised (%s) but lumen rendered\n", stem,
                                             conv->string, want_err->valuestring);
             } else {
@@ -147,6 +151,7 @@ int main(void) {
             free(out);
             free(msgs);
             free(tools);
+            free(extra);
         }
         if (tpass == tn) templates_all_pass++;
         printf("%-55s %d/%d%s\n", stem, tpass, tn, tpass == tn ? "" : "  <-- mismatch");
