@@ -29,7 +29,11 @@ static const tv *arg(const targs *a, int pos, const char *name) {
     return NULL;
 }
 
-static int oomc(tmpl_ctx *c, const tnode *at) { return tmpl_fail(c, at, LM_ERR_NO_MEMORY, "out of memory"); }
+static int oomc(tmpl_ctx *c, const tnode *at) {
+    if (c->arena.over_cap)
+        return tmpl_fail(c, at, LM_ERR_LIMIT, "rendering needs more than %zu bytes of memory", c->arena.cap);
+    return tmpl_fail(c, at, LM_ERR_NO_MEMORY, "out of memory");
+}
 
 static int mkstr(tmpl_ctx *c, const tnode *at, const char *s, size_t n, tv *out) {
     *out = tv_str(&c->arena, s, n);
@@ -211,7 +215,7 @@ static int str_split(tmpl_ctx *c, const tnode *at, const char *s, size_t n, cons
             if (w.t != TV_STR || !tv_list_push(&c->arena, &parts, w)) return oomc(c, at);
         }
         size_t np = parts.u.l->n;
-        if (maxsplit < 0 || (uint64_t)maxsplit + 1 >= np) {
+        if (maxsplit < 0 || (uint64_t)maxsplit >= np) {
             *out = parts;
             return 0;
         }
@@ -232,13 +236,6 @@ static int str_split(tmpl_ctx *c, const tnode *at, const char *s, size_t n, cons
             size_t k;
             while (i2 < n && (k = tmpl_utf8_decode(s + i2, n - i2, &cp), tmpl_is_space_cp(cp))) i2 += k;
             size_t e = n;
-            while (e > i2) {
-                size_t kk = 1;
-                while (kk < e - i2 && kk < 4 && ((unsigned char)s[e - kk] & 0xc0) == 0x80) kk++;
-                tmpl_utf8_decode(s + e - kk, kk, &cp);
-                if (!tmpl_is_space_cp(cp)) break;
-                e -= kk;
-            }
             tv w = tv_str(&c->arena, s + i2, e - i2);
             if (w.t != TV_STR || !tv_list_push(&c->arena, out, w)) return oomc(c, at);
             return 0;
@@ -614,6 +611,16 @@ static bool parse_py_int(const char *s, size_t n, int base, int64_t *out) {
     bool neg = false;
     if (i < n && (s[i] == '+' || s[i] == '-')) neg = s[i++] == '-';
     if (i >= n) return false;
+    if (n - i > 2 && s[i] == '0') { /* 0x / 0o / 0b, allowed when the base matches or is 0 */
+        char p = (char)tolower((unsigned char)s[i + 1]);
+        int pb = p == 'x' ? 16 : p == 'o' ? 8 : p == 'b' ? 2 : 0;
+        if (pb && (base == pb || base == 0)) {
+            base = pb;
+            i += 2;
+            if (i < n && s[i] == '_') i++;
+        }
+    }
+    if (base == 0) base = 10;
     int64_t v = 0;
     bool prev_us = true;
     for (; i < n; i++) {
@@ -998,7 +1005,7 @@ int tmpl_filter(tmpl_ctx *c, const tnode *at, const char *name, tv v, int nargs,
         else if (v.t == TV_STR) {
             int64_t iv;
             double fv;
-            if (base >= 2 && base <= 36 && parse_py_int(v.u.s->s, v.u.s->len, base, &iv)) *out = tv_int(iv);
+            if ((base == 0 || (base >= 2 && base <= 36)) && parse_py_int(v.u.s->s, v.u.s->len, base, &iv)) *out = tv_int(iv);
             else if (parse_py_float(v.u.s->s, v.u.s->len, &fv) && isfinite(fv) && fabs(fv) < 9.2e18) *out = tv_int((int64_t)fv);
             else *out = def;
         } else *out = def;

@@ -25,7 +25,7 @@ int tmpl_fail(tmpl_ctx *c, const tnode *at, lm_status st, const char *fmt, ...) 
 }
 
 static int oom(tmpl_ctx *c, const tnode *at) {
-    if (c->arena.failed && c->arena.cap && c->arena.used + (64u << 10) >= c->arena.cap)
+    if (c->arena.over_cap)
         return tmpl_fail(c, at, LM_ERR_LIMIT, "rendering needs more than %zu bytes of memory", c->arena.cap);
     return tmpl_fail(c, at, LM_ERR_NO_MEMORY, "out of memory");
 }

@@ -22,6 +22,7 @@ typedef struct tmpl_arena {
     size_t used;  /* bytes handed out, all chunks */
     size_t cap;   /* 0 = unlimited */
     bool failed;  /* an allocation failed or passed the cap */
+    bool over_cap; /* ... and it was the cap */
 } tmpl_arena;
 
 void *tmpl_alloc(tmpl_arena *a, size_t n); /* zeroed; NULL (and a->failed) past the cap */

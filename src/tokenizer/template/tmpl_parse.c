@@ -1451,7 +1451,11 @@ static tnode *parse_body(parser *p, const char *const *end_names, const char **w
         tk *t = cur(p);
         if (t->type == TK_EOF) {
             if (end_names) {
-                perr(p, LM_ERR_FORMAT, t->line, t->col, "unexpected end of template, expected '{%% %s %%}'", end_names[0]);
+                char want[160] = "";
+                for (int k = 0; end_names[k]; k++)
+                    snprintf(want + strlen(want), sizeof want - strlen(want), "%s'{%% %s %%}'",
+                             k == 0 ? "" : end_names[k + 1] ? ", " : " or ", end_names[k]);
+                perr(p, LM_ERR_FORMAT, t->line, t->col, "unexpected end of template, expected %s", want);
                 goto done;
             }
             break;

@@ -24,6 +24,7 @@ void *tmpl_alloc(tmpl_arena *a, size_t n) {
     if (n == 0) n = 16;
     if (a->cap && (n > a->cap || a->used + n > a->cap)) {
         a->failed = true;
+        a->over_cap = true;
         return NULL;
     }
     tmpl_chunk *c = a->head;
