@@ -185,13 +185,52 @@ static inline lm_status tl_write_adapter(const char *dir, const lora_spec *s, te
 
 typedef struct ref_model {
     lm_model_internal *m;
-    float *bufs[7 * 64];
+    float *bufs[7 * 512 + 2];
     int n;
 } ref_model;
 
 static inline lm_weight **tl_slot(lm_layer_weights *w, int module) {
     lm_weight **s[7] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up, &w->w_down};
     return s[module];
+}
+
+/* Replaces *slot with an f32 weight: the dequantized base tensor plus the pair's delta
+ * (when p is not NULL). Quantized matmuls take an 8-bit-activation path, so the
+ * reference dequantizes every matrix, as the fused folder does. */
+static inline lm_status ref_replace(ref_model *R, lm_backend *b, const lm_tensor *t, const test_lora_pair *p,
+                                    float scale, int64_t permute_heads, lm_weight **slot) {
+    int64_t rows = t->ne[1], cols = t->ne[0];
+    float *w = malloc(sizeof(float) * (size_t)(rows * cols));
+    size_t rb = lm_dtype_row_bytes(t->type, cols);
+    for (int64_t r = 0; r < rows; r++) lm_dequantize_row(t->type, (const uint8_t *)t->data + r * rb, w + r * cols, cols);
+    if (p) {
+        /* GGUF llama: HF row h*D + a*D/2 + j was stored at GGUF row h*D + 2j + a */
+        int64_t D = permute_heads ? rows / permute_heads : 1;
+        for (int64_t o = 0; o < rows; o++) {
+            int64_t dst = o;
+            if (permute_heads) {
+                int64_t h = o / D, within = o % D, a = within / (D / 2), j = within % (D / 2);
+                dst = h * D + 2 * j + a;
+            }
+            for (int64_t c = 0; c < cols; c++) {
+                double acc = 0;
+                for (int64_t k = 0; k < p->rank; k++) acc += (double)p->B[o * p->rank + k] * p->A[k * cols + c];
+                w[dst * cols + c] = (float)((double)w[dst * cols + c] + (double)scale * acc);
+            }
+        }
+    }
+    lm_tensor nt = {.name = "ref", .type = LM_DTYPE_F32, .n_dims = 2, .ne = {cols, rows, 1, 1}, .data = w,
+                    .nbytes = sizeof(float) * (size_t)(rows * cols)};
+    lm_weight *nw;
+    lm_status st = b->ops->weight_create(b, &nt, &nw);
+    if (st) {
+        free(w);
+        return st;
+    }
+    b->ops->weight_free(b, *slot);
+    *slot = nw;
+    R->bufs[R->n++] = w;
+    return LM_OK;
 }
 
 static inline lm_status ref_load(const char *base, lm_backend *b, const test_lora *L, ref_model *R) {
@@ -202,47 +241,31 @@ static inline lm_status ref_load(const char *base, lm_backend *b, const test_lor
     lm_status st = lm_model_internal_load(base, b, &R->m);
     if (st) return st;
     lm_model_internal *m = R->m;
-    for (int i = 0; i < L->n; i++) {
-        const test_lora_pair *p = &L->p[i];
-        char name[160];
-        const lm_tensor *t;
-        if (m->gguf) {
-            snprintf(name, sizeof name, "blk.%d.%s.weight", p->layer, gg[p->module]);
-            t = lm_gguf_find_tensor(m->gguf, name);
-        } else {
-            snprintf(name, sizeof name, "model.layers.%d.%s.weight", p->layer, hf[p->module]);
-            t = lm_st_folder_find_tensor(m->folder, name);
-        }
-        if (!t || t->ne[0] != p->in || t->ne[1] != p->out) return LM_ERR_FORMAT;
-        int64_t rows = p->out, cols = p->in;
-        float *w = malloc(sizeof(float) * (size_t)(rows * cols));
-        size_t rb = lm_dtype_row_bytes(t->type, cols);
-        for (int64_t r = 0; r < rows; r++) lm_dequantize_row(t->type, (const uint8_t *)t->data + r * rb, w + r * cols, cols);
-        /* GGUF llama: HF row h*D + a*D/2 + j was stored at GGUF row h*D + 2j + a */
-        bool permute = m->gguf && m->hp.rope_mode == LM_ROPE_NORM && (p->module == LM_LORA_Q || p->module == LM_LORA_K);
-        int64_t heads = p->module == LM_LORA_Q ? m->hp.n_head : m->hp.n_head_kv;
-        int64_t D = permute ? rows / heads : 1;
-        for (int64_t o = 0; o < rows; o++) {
-            int64_t dst = o;
-            if (permute) {
-                int64_t h = o / D, within = o % D, a = within / (D / 2), j = within % (D / 2);
-                dst = h * D + 2 * j + a;
-            }
-            for (int64_t c = 0; c < cols; c++) {
-                double acc = 0;
-                for (int64_t k = 0; k < p->rank; k++) acc += (double)p->B[o * p->rank + k] * p->A[k * cols + c];
-                w[dst * cols + c] = (float)((double)w[dst * cols + c] + (double)L->scale * acc);
-            }
-        }
-        lm_tensor nt = {.name = "ref", .type = LM_DTYPE_F32, .n_dims = 2, .ne = {cols, rows, 1, 1}, .data = w,
-                        .nbytes = sizeof(float) * (size_t)(rows * cols)};
-        lm_weight *nw;
-        if ((st = b->ops->weight_create(b, &nt, &nw))) return st;
-        lm_weight **slot = tl_slot(&m->layers[p->layer], p->module);
-        b->ops->weight_free(b, *slot);
-        *slot = nw;
-        R->bufs[R->n++] = w;
+#define REF_FIND(gname, hname) (m->gguf ? lm_gguf_find_tensor(m->gguf, gname) : lm_st_folder_find_tensor(m->folder, hname))
+    bool tied = m->output == m->tok_embd;
+    const lm_tensor *te = REF_FIND("token_embd.weight", "model.embed_tokens.weight");
+    if (!te || (st = ref_replace(R, b, te, NULL, 0, 0, &m->tok_embd))) return st ? st : LM_ERR_FORMAT;
+    if (tied) m->output = m->tok_embd;
+    else {
+        const lm_tensor *to = REF_FIND("output.weight", "lm_head.weight");
+        if (!to || (st = ref_replace(R, b, to, NULL, 0, 0, &m->output))) return st ? st : LM_ERR_FORMAT;
     }
+    for (int il = 0; il < (int)m->hp.n_layer; il++) {
+        for (int mod = 0; mod < 7; mod++) {
+            char gname[160], hname[160];
+            snprintf(gname, sizeof gname, "blk.%d.%s.weight", il, gg[mod]);
+            snprintf(hname, sizeof hname, "model.layers.%d.%s.weight", il, hf[mod]);
+            const lm_tensor *t = REF_FIND(gname, hname);
+            const test_lora_pair *p = NULL;
+            for (int i = 0; i < L->n; i++)
+                if (L->p[i].layer == il && L->p[i].module == mod) p = &L->p[i];
+            if (!t || (p && (t->ne[0] != p->in || t->ne[1] != p->out))) return LM_ERR_FORMAT;
+            bool permute = m->gguf && m->hp.rope_mode == LM_ROPE_NORM && (mod == LM_LORA_Q || mod == LM_LORA_K);
+            int64_t heads = permute ? (mod == LM_LORA_Q ? m->hp.n_head : m->hp.n_head_kv) : 0;
+            if ((st = ref_replace(R, b, t, p, L->scale, heads, tl_slot(&m->layers[il], mod)))) return st;
+        }
+    }
+#undef REF_FIND
     return LM_OK;
 }
 
