@@ -1,0 +1,172 @@
+/* Token sampling: parameters, a per-request sampler, user logits processors and the
+ * log-probabilities reported to users. Pure C, no dependency on models: the caller
+ * hands in one step's logits (f32[n_vocab]) and gets a token id back.
+ *
+ * The pipeline, applied in this order at every step (the order of Hugging Face's
+ * generate and llama.cpp's documented chain):
+ *
+ *   1. logit bias     logits[t] += bias for every (t, bias) of the list; several
+ *                     entries for one token add up; a bias of -INFINITY bans t.
+ *   2. penalties      with c(t) = how often t occurs (see "history" below):
+ *        repetition   (CTRL, Keskar et al. 2019) once per distinct token t of the
+ *                     repetition window:  l = l > 0 ? l / r : l * r
+ *        presence     l -= presence_penalty   if t was generated at least once
+ *        frequency    l -= frequency_penalty * c(t)
+ *                     (presence and frequency are applied as one subtraction,
+ *                     l -= (float)c * frequency_penalty + presence_penalty, which is
+ *                     OpenAI's documented formula)
+ *   3. processors     the user callbacks, in array order, each seeing the previous
+ *                     one's output.
+ *   -- temperature == 0: greedy. The token is the argmax of the logits after 1-3;
+ *      ties go to the lowest token id. Steps 4-8 are skipped.
+ *   4. temperature    p(t) ∝ exp((l - l_max) / T).
+ *   5. top-k          keep the tokens whose logit is >= the k-th largest logit: ties at
+ *                     the boundary are all kept, so more than k tokens may survive
+ *                     (the rule of HF's TopKLogitsWarper; it depends on values only,
+ *                     never on token order).
+ *   6. top-p          on the distribution renormalized over the top-k survivors, keep
+ *                     token t iff the mass of the tokens strictly more probable than t
+ *                     is < top_p. Without ties this is "the smallest set of most
+ *                     probable tokens whose mass reaches top_p"; tokens of equal
+ *                     probability are kept or dropped together. The most probable
+ *                     token is always kept.
+ *   7. min-p          keep t iff p(t) >= min_p * p_max (a ratio, so unaffected by the
+ *                     renormalization after top-k/top-p; p_max is always kept).
+ *   8. draw           u = lm_rng_uniform(seed, step, 0) in [0,1); walking the kept
+ *                     tokens in increasing id order, the first t whose cumulative
+ *                     weight exceeds u * (total weight).
+ *
+ * Each of steps 5-7 keeps a set of the form {t : p(t) >= threshold}, so the final set
+ * is found with expected O(n_vocab) selection (3-way quickselect), never a full sort.
+ * Tokens whose logit is -inf after 1-3 are never kept. A logit of +inf after 1-3
+ * makes the draw uniform over the +inf tokens. A NaN logit after 1-3 is an error.
+ *
+ * History and steps. A sampler holds its request's token history: prompt tokens
+ * (lm_sampler_accept_prompt, optional, before generation) then generated tokens
+ * (lm_sampler_accept / lm_sampler_sample).
+ *   - the repetition penalty sees the last `repetition_context_size` tokens of the
+ *     whole history (prompt included, like HF and llama.cpp); 0 = the whole history;
+ *   - presence and frequency penalties count generated tokens only (OpenAI, vLLM);
+ *   - processors see the whole history (prompt then generated, like mlx-lm).
+ * The step of a draw is the number of generated tokens accepted so far, so token i
+ * is always drawn with the uniform for (seed, i): lm_sampler_draw can be repeated
+ * (speculative verification) and always answers the same for the same logits.
+ *
+ * Memory: a sampler keeps three scratch arrays of n_vocab floats (allocated on the
+ * first draw) plus, with penalties on, hash maps over the distinct tokens seen.
+ *
+ * Thread safety: a sampler is single-threaded state (one per request); different
+ * samplers may be used on different threads at once. lm_logprobs is pure. */
+#ifndef LM_SAMPLING_SAMPLING_H
+#define LM_SAMPLING_SAMPLING_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "lumen.h"
+
+/* The seed value that asks lm_sampler_create for a fresh, unpredictable seed
+ * (time, address and a process counter, mixed); lm_sampler_seed() tells which. */
+#define LM_SAMPLING_SEED_RANDOM UINT64_MAX
+
+typedef struct lm_logit_bias {
+    int32_t token; /* in [0, n_vocab)                                  */
+    float bias;    /* added to the token's logit; -INFINITY bans it  */
+} lm_logit_bias;
+
+/* A user logits processor: may read the history (prompt then generated tokens,
+ * n_history of them) and rewrite logits[0..n_vocab) in place. Returning anything
+ * other than LM_OK aborts the sampling step with that status; the processor should
+ * set an error sentence with lm_error() (the sampler prefixes it with the processor's
+ * index, and supplies one if the processor left none). Called on the sampler's
+ * thread. `history` is valid only during the call. */
+typedef lm_status (*lm_logits_processor_fn)(void *user, const int32_t *history, size_t n_history,
+                                            float *logits, size_t n_vocab);
+
+typedef struct lm_logits_processor {
+    lm_logits_processor_fn fn; /* required                                   */
+    void *user;                /* passed to fn; must outlive the sampler     */
+} lm_logits_processor;
+
+typedef struct lm_sampling_params {
+    float temperature;               /* >= 0; 0 = greedy                          default 1 */
+    int32_t top_k;                   /* >= 0; 0 = off                             default 0 */
+    float top_p;                     /* (0, 1]; 1 = off                           default 1 */
+    float min_p;                     /* [0, 1]; 0 = off                           default 0 */
+    float repetition_penalty;        /* > 0; 1 = off                              default 1 */
+    int32_t repetition_context_size; /* >= 0; last N history tokens, 0 = all      default 64 */
+    float presence_penalty;          /* finite, may be negative; 0 = off          default 0 */
+    float frequency_penalty;         /* finite, may be negative; 0 = off          default 0 */
+    const lm_logit_bias *logit_bias; /* n_logit_bias entries; copied at create   default none */
+    size_t n_logit_bias;
+    const lm_logits_processor *processors; /* applied in order; copied at create  default none */
+    size_t n_processors;
+    uint64_t seed;                   /* LM_SAMPLING_SEED_RANDOM = pick one        default random */
+} lm_sampling_params;
+
+/* The defaults above: the model's own distribution (temperature 1, no filters, no
+ * penalties — OpenAI's defaults) with a random seed. */
+lm_sampling_params lm_sampling_default_params(void);
+
+/* LM_OK, or LM_ERR_INVALID_ARG with a sentence naming the parameter and its value:
+ * temperature negative or not finite, top_k < 0, top_p outside (0, 1], min_p outside
+ * [0, 1], repetition_penalty <= 0 or not finite, repetition_context_size < 0,
+ * presence/frequency penalty not finite, a logit bias whose token is outside
+ * [0, n_vocab) or whose bias is NaN or +inf, a processor without a function, a NULL
+ * array with a nonzero count, n_vocab 0 or above INT32_MAX. */
+lm_status lm_sampling_params_validate(const lm_sampling_params *params, size_t n_vocab);
+
+typedef struct lm_sampler lm_sampler;
+
+/* A sampler for one request over a vocabulary of n_vocab tokens. Validates the
+ * params (see above) and copies the bias and processor arrays (the processors' user
+ * pointers are borrowed). */
+lm_status lm_sampler_create(const lm_sampling_params *params, size_t n_vocab, lm_sampler **out);
+void lm_sampler_free(lm_sampler *s); /* NULL is a no-op */
+
+/* The seed in use (the resolved one when params.seed was LM_SAMPLING_SEED_RANDOM). */
+uint64_t lm_sampler_seed(const lm_sampler *s);
+/* Generated tokens accepted so far = the step of the next draw. */
+size_t lm_sampler_n_generated(const lm_sampler *s);
+
+/* Appends prompt tokens to the history (repetition window and processors see them;
+ * presence/frequency do not). Only before the first generated token; every id must be
+ * in [0, n_vocab). */
+lm_status lm_sampler_accept_prompt(lm_sampler *s, const int32_t *tokens, size_t n);
+
+/* Draws the token for the current step from logits[0..n_vocab) (n_vocab must equal
+ * the sampler's). The logits are not modified. The sampler's history and step do not
+ * change: a second call with the same logits gives the same token. */
+lm_status lm_sampler_draw(lm_sampler *s, const float *logits, size_t n_vocab, int32_t *token);
+
+/* Appends a generated token to the history and advances the step. For tokens chosen
+ * by the caller (forced, accepted draft tokens); lm_sampler_sample calls it itself. */
+lm_status lm_sampler_accept(lm_sampler *s, int32_t token);
+
+/* lm_sampler_draw then lm_sampler_accept: the usual per-step call. */
+lm_status lm_sampler_sample(lm_sampler *s, const float *logits, size_t n_vocab, int32_t *token);
+
+/* The final distribution the next draw samples from: probs[t] for every token (0 for
+ * removed tokens, summing to 1; one-hot on the argmax when greedy). Same pipeline as
+ * lm_sampler_draw, no state change. For speculative sampling and for tests. */
+lm_status lm_sampler_distribution(lm_sampler *s, const float *logits, size_t n_vocab, float *probs);
+
+/* ---- log-probabilities reported to users ---------------------------------------- */
+
+typedef struct lm_token_logprob {
+    int32_t token;
+    float logprob;
+} lm_token_logprob;
+
+/* Log-probabilities of the model's raw distribution, log_softmax(logits) — before
+ * bias, penalties, processors, temperature and filters — which is what OpenAI's
+ * `logprobs` reports. Writes min(n_top, n_vocab) entries to top[] (most likely first;
+ * ties by lower id) and sets *n_top_out to that count (top/n_top_out may be NULL when
+ * n_top is 0); if token >= 0, *token_logprob = its logprob (token_logprob may be NULL
+ * otherwise). O(n_vocab log n_top). LM_ERR_INVALID_ARG for a NaN logit, all logits
+ * -inf, or a token outside [0, n_vocab). */
+lm_status lm_logprobs(const float *logits, size_t n_vocab, int32_t token, float *token_logprob, size_t n_top,
+                      lm_token_logprob *top, size_t *n_top_out);
+
+#endif
