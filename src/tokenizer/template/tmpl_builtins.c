@@ -901,7 +901,7 @@ int tmpl_filter(tmpl_ctx *c, const tnode *at, const char *name, tv v, int nargs,
         if (tmpl_iterate(c, at, v, &items)) return -1;
         *out = tv_list_new(&c->arena, items.u.l->n);
         if (out->t != TV_LIST) return oomc(c, at);
-        memcpy(out->u.l->v, items.u.l->v, items.u.l->n * sizeof(tv));
+        tv_copy(out->u.l->v, items.u.l->v, items.u.l->n);
         out->u.l->n = items.u.l->n;
         return 0;
     }
@@ -1458,7 +1458,7 @@ int tmpl_method(tmpl_ctx *c, const tnode *at, tv self, const char *name, int nar
         if (!strcmp(name, "copy")) {
             *out = tv_list_new(&c->arena, self.u.l->n);
             if (out->t != TV_LIST) return oomc(c, at);
-            memcpy(out->u.l->v, self.u.l->v, self.u.l->n * sizeof(tv));
+            tv_copy(out->u.l->v, self.u.l->v, self.u.l->n);
             out->u.l->n = self.u.l->n;
             out->flags = self.flags & TVF_TUPLE;
             return 0;

@@ -496,8 +496,8 @@ int tmpl_binop(tmpl_ctx *c, const tnode *at, int op, tv a, tv b, tv *out) {
             *out = tv_list_new(&c->arena, a.u.l->n + b.u.l->n);
             if (out->t != TV_LIST) return oom(c, at);
             out->flags = a.flags & TVF_TUPLE;
-            memcpy(out->u.l->v, a.u.l->v, a.u.l->n * sizeof(tv));
-            memcpy(out->u.l->v + a.u.l->n, b.u.l->v, b.u.l->n * sizeof(tv));
+            tv_copy(out->u.l->v, a.u.l->v, a.u.l->n);
+            tv_copy(out->u.l->v + a.u.l->n, b.u.l->v, b.u.l->n);
             out->u.l->n = a.u.l->n + b.u.l->n;
             return 0;
         }

@@ -163,6 +163,11 @@ bool tv_dict_set(tmpl_arena *a, tv *dict, tv key, tv val); /* replaces an equal 
 tv *tv_dict_get(const tdict *d, tv key);                   /* NULL when absent */
 tv *tv_dict_gets(const tdict *d, const char *key);
 
+/* memcpy of n values that tolerates empty (NULL) arrays */
+static inline void tv_copy(tv *dst, const tv *src, size_t n) {
+    for (size_t i = 0; i < n; i++) dst[i] = src[i];
+}
+
 bool tv_truthy(tv v);
 bool tv_equal(tv a, tv b);
 /* Python ordering; returns false (no error set) when the types do not order. */
