@@ -310,9 +310,11 @@ static lm_status prepare(lm_sampler *s, const float *logits, size_t n, float *lm
             w[s->gen.key[i]] -= (float)s->gen.cnt[i] * freq + pres;
         }
     }
+    static const int32_t no_tokens[1] = {0}; /* processors never see a NULL history */
+    const int32_t *hist = s->hist ? s->hist : no_tokens;
     for (size_t i = 0; i < s->p.n_processors; i++) {
         lm_clear_error();
-        lm_status st = s->procs[i].fn(s->procs[i].user, s->hist, s->n_hist, w, n);
+        lm_status st = s->procs[i].fn(s->procs[i].user, hist, s->n_hist, w, n);
         if (st != LM_OK) {
             if (lm_last_error()[0] == '\0')
                 lm_error(st, "the processor returned %d (%s) without an error message", (int)st,
@@ -346,33 +348,54 @@ static lm_status prepare(lm_sampler *s, const float *logits, size_t n, float *lm
 }
 
 /* Steps 4-7: fills s->wt with the weights of the kept tokens (0 elsewhere) and
- * returns their total. */
+ * returns their total. Weights are w = exp((l - l_max) / T) in float, 1 for l_max.
+ *
+ * Cost: one exp per token that could survive. Tokens are skipped without an exp when
+ * they are below the top-k threshold, or far enough below l_max that float underflow
+ * or min-p drops them anyway (cutoffs with a margin; the exact tests follow; not
+ * min-p when top-p is on, since top-p needs the mass of the whole top-k set). For
+ * top-p, a token of weight w <= (1 - p) * Z / m (Z the total of the m nonzero
+ * weights) always has mass >= Z - m * w >= p * Z strictly above it, so it is dropped:
+ * only heavier tokens go through the selection. */
 static double weigh(lm_sampler *s, float lmax, size_t n_finite) {
     const size_t n = s->n_vocab;
     const float *w = s->work;
     float *wt = s->wt;
-    const double inv_t = 1.0 / (double)s->p.temperature;
+    const float inv_t = 1.0f / s->p.temperature;
+    const float min_p = s->p.min_p;
 
-    float kth = -INFINITY; /* top-k: logit threshold */
-    if (s->p.top_k > 0 && (size_t)s->p.top_k < n_finite) {
-        size_t m = 0;
-        for (size_t t = 0; t < n; t++)
-            if (w[t] > -INFINITY) s->sel[m++] = w[t];
-        kth = lm_select_kth_largest(s->sel, m, (size_t)s->p.top_k);
+    float cut = -INFINITY; /* logits below `cut` get weight 0 without an exp */
+    if (s->p.top_k > 0 && (size_t)s->p.top_k < n_finite)
+        cut = lm_select_kth_largest(w, n, (size_t)s->p.top_k, s->sel);
+    if (isfinite(lmax)) {
+        /* (l - l_max) / T below log(min_p) or below -110 (expf underflows to 0 near
+         * -104) means weight < min_p or 0; 1e-3 of margin covers float rounding */
+        double floor_arg = min_p > 0.0f && s->p.top_p >= 1.0f ? log((double)min_p) - 1e-3 : -110.0;
+        if (floor_arg < -110.0) floor_arg = -110.0;
+        double c = (double)lmax + floor_arg * (double)s->p.temperature;
+        if (c > (double)cut) cut = (float)c;
     }
 
+    double z = 0.0;
     size_t m = 0;
     for (size_t t = 0; t < n; t++) {
-        float l = w[t];
-        float v = 0.0f;
-        if (l > -INFINITY && l >= kth) v = l == lmax ? 1.0f : (float)exp(((double)l - (double)lmax) * inv_t);
+        float l = w[t], v = 0.0f;
+        if (l >= cut && l > -INFINITY) {
+            v = l == lmax ? 1.0f : expf((l - lmax) * inv_t);
+            z += v;
+            m += v > 0.0f;
+        }
         wt[t] = v;
-        if (v > 0.0f) s->sel[m++] = v;
     }
 
-    float thr = s->p.min_p; /* min-p: p / p_max >= min_p, and p_max has weight 1 */
+    float thr = min_p; /* min-p: p / p_max >= min_p, and p_max has weight 1 */
     if (s->p.top_p < 1.0f) {
-        float tp = lm_select_mass_threshold(s->sel, m, (double)s->p.top_p);
+        const double need = (double)s->p.top_p * z;
+        const float dropped_below = (float)((1.0 - (double)s->p.top_p) * z / (double)m * (1.0 - 1e-5));
+        size_t mc = 0;
+        for (size_t t = 0; t < n; t++)
+            if (wt[t] > dropped_below && wt[t] >= min_p && wt[t] > 0.0f) s->sel[mc++] = wt[t];
+        float tp = lm_select_mass_threshold(s->sel, mc, need);
         if (tp > thr) thr = tp;
     }
     double total = 0.0;

@@ -80,7 +80,8 @@ typedef struct lm_logit_bias {
  * other than LM_OK aborts the sampling step with that status; the processor should
  * set an error sentence with lm_error() (the sampler prefixes it with the processor's
  * index, and supplies one if the processor left none). Called on the sampler's
- * thread. `history` is valid only during the call. */
+ * thread. `history` is never NULL (even when n_history is 0) and is valid only
+ * during the call. */
 typedef lm_status (*lm_logits_processor_fn)(void *user, const int32_t *history, size_t n_history,
                                             float *logits, size_t n_vocab);
 

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "sampling/rng.h"
 #include "sampling/sampling.h"
+#include "sampling/select.h"
 #include "test.h"
 
 /* ---- chi-square critical values -------------------------------------------------------- */
@@ -262,6 +263,59 @@ static void test_kept_sets_random(void) {
 #undef NEXT
     CHECK(failures == 0);
     CHECK(compared > 200);
+}
+
+/* The selection helpers against sorting, on both paths of kth_largest (heap for
+ * small k, quickselect for large k) and with heavy ties and -inf entries. */
+static int cmp_desc(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x < y) - (x > y);
+}
+
+static void test_select(void) {
+    enum { N = 6000 };
+    static float src[N], sorted[N], scratch[N];
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+#define NEXT() (x ^= x << 13, x ^= x >> 7, x ^= x << 17, x)
+    int failures = 0;
+    for (int trial = 0; trial < 200; trial++) {
+        size_t n = 1 + NEXT() % N, n_fin = 0;
+        int grid = 1 + (int)(NEXT() % 200); /* few distinct values -> many ties */
+        for (size_t i = 0; i < n; i++) {
+            src[i] = NEXT() % 50 == 0 ? -INFINITY : (float)(NEXT() % (uint64_t)grid) * 0.5f;
+            if (src[i] > -INFINITY) sorted[n_fin++] = src[i];
+        }
+        if (n_fin == 0) continue;
+        qsort(sorted, n_fin, sizeof(float), cmp_desc);
+        size_t k = trial % 2 ? 1 + NEXT() % n_fin : 1 + NEXT() % (n_fin < 2000 ? n_fin : 2000);
+        if (lm_select_kth_largest(src, n, k, scratch) != sorted[k - 1]) failures++;
+
+        /* mass threshold on positive weights: brute force over the sorted order */
+        for (size_t i = 0; i < n_fin; i++) sorted[i] = 1.0f + sorted[i];
+        double total = 0.0;
+        for (size_t i = 0; i < n_fin; i++) total += sorted[i];
+        double need = total * (double)(1 + NEXT() % 999) / 1000.0;
+        float want = sorted[0];
+        double above = 0.0;
+        for (size_t i = 0; i < n_fin;) {
+            size_t j = i;
+            double group = 0.0;
+            while (j < n_fin && sorted[j] == sorted[i]) group += sorted[j++];
+            if (above < need) want = sorted[i];
+            above += group;
+            i = j;
+        }
+        memcpy(scratch, sorted, n_fin * sizeof(float));
+        for (size_t i = n_fin; i > 1; i--) { /* shuffle */
+            size_t j = NEXT() % i;
+            float t = scratch[i - 1];
+            scratch[i - 1] = scratch[j];
+            scratch[j] = t;
+        }
+        if (lm_select_mass_threshold(scratch, n_fin, need) != want) failures++;
+    }
+#undef NEXT
+    CHECK(failures == 0);
 }
 
 /* ---- goodness of fit of the draws ------------------------------------------------------ */
@@ -953,6 +1007,7 @@ int main(void) {
     test_rng();
     test_kept_sets();
     test_kept_sets_random();
+    test_select();
     test_goodness_of_fit();
     test_penalties();
     test_processors();
