@@ -373,7 +373,9 @@ static double weigh(lm_sampler *s, float lmax, size_t n_finite) {
         double floor_arg = min_p > 0.0f && s->p.top_p >= 1.0f ? log((double)min_p) - 1e-3 : -110.0;
         if (floor_arg < -110.0) floor_arg = -110.0;
         double c = (double)lmax + floor_arg * (double)s->p.temperature;
-        if (c > (double)cut) cut = (float)c;
+        float cf = (float)c;
+        if ((double)cf > c) cf = nextafterf(cf, -INFINITY); /* round the cutoff down */
+        if (cf > cut) cut = cf;
     }
 
     double z = 0.0;
