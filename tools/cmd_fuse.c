@@ -22,7 +22,7 @@ static void usage(FILE *f) {
             "Prints the fused folder's path; its repo id is NS-DIGEST.\n");
 }
 
-static void progress(void *user, uint64_t done, uint64_t total) {
+static bool progress(void *user, uint64_t done, uint64_t total) {
     (void)user;
     int width = 40, filled = total ? (int)((double)done / (double)total * width) : width;
     fprintf(stderr, "\rfusing [");
@@ -31,6 +31,7 @@ static void progress(void *user, uint64_t done, uint64_t total) {
             (double)done / 1e6, (double)total / 1e6);
     if (done >= total) fputc('\n', stderr);
     fflush(stderr);
+    return true;
 }
 
 int cmd_fuse(int argc, char **argv) {

@@ -346,7 +346,8 @@ static lm_status write_weights(fuser *F, const char *dir) {
             if ((st = produce(F, it, &bufs[i], &owned[i]))) break;
             st = lm_safetensors_writer_add(w, it->name, it->out_type, it->n_dims, it->shape, bufs[i]);
             done += it->out_bytes;
-            if (F->p->progress) F->p->progress(F->p->progress_user, done, F->total_bytes);
+            if (!st && F->p->progress && !F->p->progress(F->p->progress_user, done, F->total_bytes))
+                st = lm_error(LM_ERR_INVALID_ARG, "fuse cancelled by its progress callback");
         }
         char name[64], path[2 * PATH_CAP];
         shard_name(F, shard, name, sizeof name);
@@ -675,6 +676,7 @@ lm_status lm_adapter_fuse(const char *base, const char *adapter, const lm_fuse_p
         fuser_free(&F);
         return st;
     }
+    chmod(tmp, 0755); /* mkdtemp made it private; the cache is shared like the rest of the hub */
     snprintf(dir, sizeof dir, "%s/%s", tmp, snap_rel);
     snprintf(path, sizeof path, "%s/refs", tmp);
     if (!(st = mkdir_p(dir)) && !(st = mkdir_p(path))) {

@@ -36,8 +36,9 @@
 #include "adapters/codec.h"
 #include "lumen.h"
 
-/* Called after each output tensor: bytes written so far of the total. */
-typedef void (*lm_fuse_progress_fn)(void *user, uint64_t done_bytes, uint64_t total_bytes);
+/* Called after each output tensor: bytes produced so far of the total. Returning
+ * false cancels the fuse (LM_ERR_INVALID_ARG, "cancelled"; nothing is left behind). */
+typedef bool (*lm_fuse_progress_fn)(void *user, uint64_t done_bytes, uint64_t total_bytes);
 
 typedef struct lm_fuse_params {
     const char *namespace_name;  /* required: "name" or "org/name" ([A-Za-z0-9._-])      */

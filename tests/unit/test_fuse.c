@@ -221,6 +221,13 @@ static void expect_fail(const char *label, const char *base, const char *adapter
     CHECK(access(bad_repo, F_OK) != 0);
 }
 
+static int g_progress_calls;
+static bool cancel_halfway(void *user, uint64_t done, uint64_t total) {
+    (void)user;
+    g_progress_calls++;
+    return done < total / 2;
+}
+
 static void write_custom_adapter(const char *dir, const char *name_a, const char *name_b, lm_dtype ta, lm_dtype tb,
                                  const char *config) {
     mkdir(dir, 0755);
@@ -307,6 +314,19 @@ static void test_bad_input(void) {
     snprintf(bad, sizeof bad, "%s/bare.lmz", g_dir);
     CHECK(lm_adapter_encode(ad, bad) == LM_OK);
     expect_fail("no adapter_config", base, bad, NULL, "adapter_config.json");
+
+    /* cancelled halfway through writing: the temporary folder goes away */
+    {
+        int before = tl_count_entries(g_hub);
+        lm_fuse_params p = lm_fuse_default_params();
+        p.namespace_name = "test/cancel";
+        p.progress = cancel_halfway;
+        lm_fuse_result r;
+        CHECK(lm_adapter_fuse(base, lmz, &p, &r) == LM_ERR_INVALID_ARG && strstr(lm_last_error(), "cancelled"));
+        fprintf(stderr, "%-22s -> %s\n", "cancelled", lm_last_error());
+        CHECK(g_progress_calls > 3);
+        CHECK(tl_count_entries(g_hub) == before);
+    }
 
     /* a base that is nowhere */
     expect_fail("missing base", "someorg/no-such-model", lmz, NULL, "models--someorg--no-such-model");
