@@ -449,15 +449,11 @@ int tmpl_test(tmpl_ctx *c, const tnode *at, const char *name, tv v, int nargs, c
         }
         *out = any && ok;
     } else if (IS("odd") || IS("even") || IS("divisibleby")) {
-        if (v.t != TV_INT && v.t != TV_BOOL) return tmpl_fail(c, at, LM_ERR_INVALID_ARG, "test '%s' needs an integer", name);
-        int64_t x = v.t == TV_INT ? v.u.i : v.u.b;
-        if (IS("divisibleby")) {
-            if (!a0 || a0->t != TV_INT || a0->u.i == 0)
-                return tmpl_fail(c, at, LM_ERR_INVALID_ARG, "divisibleby needs a non-zero integer");
-            *out = x % a0->u.i == 0;
-        } else {
-            *out = ((x % 2) != 0) == IS("odd");
-        }
+        /* value % 2 == 1 / value % 2 == 0 / value % num == 0, with Python's % */
+        tv m;
+        if (IS("divisibleby") && !a0) return tmpl_fail(c, at, LM_ERR_INVALID_ARG, "divisibleby needs an argument");
+        if (tmpl_binop(c, at, OP_MOD, v, IS("divisibleby") ? *a0 : tv_int(2), &m)) return -1;
+        *out = tv_equal(m, tv_int(IS("odd") ? 1 : 0));
     } else if (IS("filter")) {
         *out = v.t == TV_STR && tmpl_filter_exists(v.u.s->s);
     } else if (IS("test")) {
@@ -670,9 +666,10 @@ static int do_indent(tmpl_ctx *c, const tnode *at, tv v, const targs *a, tv *out
         ind = spaces;
         indn = (size_t)w;
     }
-    const char *s = "";
-    size_t n = 0;
-    if (as_str(c, at, v, &s, &n)) return -1;
+    if (v.t != TV_STR) /* jinja2 appends "\n" to the value: only strings survive that */
+        return tmpl_fail(c, at, LM_ERR_INVALID_ARG, "indent needs a string, not %s", tv_typename(v));
+    const char *s = v.u.s->s;
+    size_t n = v.u.s->len;
     tbuf tmp = {.limit = c->lim->max_memory};
     tbuf_put(&tmp, s, n);
     tbuf_putc(&tmp, '\n');
@@ -943,6 +940,8 @@ int tmpl_filter(tmpl_ctx *c, const tnode *at, const char *name, tv v, int nargs,
             tv k = items.u.l->v[i];
             if (attr && attr->t != TV_NONE && get_path(c, at, k, *attr, &k)) return -1;
             k = fold_key(c, at, k, arg_true(cs, false));
+            if ((k.t == TV_LIST && !(k.flags & TVF_TUPLE)) || k.t == TV_DICT || k.t == TV_NS)
+                return tmpl_fail(c, at, LM_ERR_INVALID_ARG, "unhashable type: '%s'", tv_typename(k));
             bool dup = false;
             for (size_t j = 0; j < seen.u.l->n && !dup; j++) dup = tv_equal(seen.u.l->v[j], k);
             if (dup) continue;
@@ -1371,6 +1370,10 @@ static int g_range(tmpl_ctx *c, const tnode *at, const targs *a, tv *out) {
     if (count > 100000) return tmpl_fail(c, at, LM_ERR_LIMIT, "Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).");
     *out = tv_list_new(&c->arena, (size_t)count);
     if (out->t != TV_LIST) return oomc(c, at);
+    out->flags = TVF_RANGE;
+    out->u.l->rstart = start;
+    out->u.l->rstop = stop;
+    out->u.l->rstep = stp;
     for (int64_t x = start; stp > 0 ? x < stop : x > stop; x += stp) out->u.l->v[out->u.l->n++] = tv_int(x);
     return 0;
 }

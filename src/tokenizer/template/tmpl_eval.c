@@ -443,6 +443,9 @@ static int str_percent(tmpl_ctx *c, const tnode *at, tv fmt, tv args, tv *out) {
         else if (conv == 'f' && tv_is_number(a)) tbuf_printf(&b, "%f", fval(a));
         else rc = tmpl_fail(c, at, LM_ERR_UNSUPPORTED, "unsupported %%-format '%%%c'", conv);
     }
+    /* Python skips the check for anything subscriptable but str: dicts, lists, ranges */
+    if (rc == 0 && !tuple && ai == 0 && args.t != TV_DICT && !(args.t == TV_LIST && !(args.flags & TVF_GEN)))
+        rc = tmpl_fail(c, at, LM_ERR_INVALID_ARG, "not all arguments converted during string formatting");
     if (rc == 0 && ((tuple && ai < args.u.l->n)))
         rc = tmpl_fail(c, at, LM_ERR_INVALID_ARG, "not all arguments converted during string formatting");
     if (rc == 0 && b.failed) rc = oom(c, at);
@@ -491,7 +494,7 @@ int tmpl_binop(tmpl_ctx *c, const tnode *at, int op, tv a, tv b, tv *out) {
             out->u.s = s;
             return 0;
         }
-        if (a.t == TV_LIST && b.t == TV_LIST && !((a.flags | b.flags) & TVF_GEN) &&
+        if (a.t == TV_LIST && b.t == TV_LIST && !((a.flags | b.flags) & (TVF_GEN | TVF_RANGE)) &&
             (a.flags & TVF_TUPLE) == (b.flags & TVF_TUPLE)) {
             *out = tv_list_new(&c->arena, a.u.l->n + b.u.l->n);
             if (out->t != TV_LIST) return oom(c, at);
@@ -519,8 +522,10 @@ int tmpl_binop(tmpl_ctx *c, const tnode *at, int op, tv a, tv b, tv *out) {
             return 0;
         }
         if (na && nb) { *out = tv_float(fval(a) * fval(b)); return 0; }
-        if ((a.t == TV_STR || (a.t == TV_LIST && !(a.flags & TVF_GEN))) && nb && b.t != TV_FLOAT) return repeat(c, at, a, ival(b), out);
-        if ((b.t == TV_STR || (b.t == TV_LIST && !(b.flags & TVF_GEN))) && na && a.t != TV_FLOAT) return repeat(c, at, b, ival(a), out);
+        if ((a.t == TV_STR || (a.t == TV_LIST && !(a.flags & (TVF_GEN | TVF_RANGE)))) && nb && b.t != TV_FLOAT)
+            return repeat(c, at, a, ival(b), out);
+        if ((b.t == TV_STR || (b.t == TV_LIST && !(b.flags & (TVF_GEN | TVF_RANGE)))) && na && a.t != TV_FLOAT)
+            return repeat(c, at, b, ival(a), out);
         return type_error(c, at, op, a, b);
     case OP_DIV:
         if (na && nb) {
@@ -579,7 +584,11 @@ static int contains(tmpl_ctx *c, const tnode *at, tv needle, tv hay, bool *out) 
         for (size_t i = 0; i < hay.u.l->n; i++)
             if (tv_equal(needle, hay.u.l->v[i])) { *out = true; break; }
         return 0;
-    case TV_DICT: *out = tv_dict_get(hay.u.d, needle) != NULL; return 0;
+    case TV_DICT:
+        if ((needle.t == TV_LIST && !(needle.flags & TVF_TUPLE)) || needle.t == TV_DICT || needle.t == TV_NS)
+            return tmpl_fail(c, at, LM_ERR_INVALID_ARG, "unhashable type: '%s'", tv_typename(needle));
+        *out = tv_dict_get(hay.u.d, needle) != NULL;
+        return 0;
     default:
         return tmpl_fail(c, at, LM_ERR_INVALID_ARG, "argument of type '%s' is not iterable", tv_typename(hay));
     }

@@ -45,7 +45,9 @@ typedef enum tv_type {
     TV_LOOP,  /* the `loop` object of a for loop */
 } tv_type;
 
-enum { TVF_TUPLE = 1, TVF_GEN = 2, TVF_SAFE = 4 };
+/* TVF_GEN: a generator (select/map/...: no len, no index, prints as an object); TVF_RANGE: a range()
+ * (indexes like a list, prints as range(a, b), no + or *); TVF_SAFE: markupsafe.Markup */
+enum { TVF_TUPLE = 1, TVF_GEN = 2, TVF_SAFE = 4, TVF_RANGE = 8 };
 
 typedef struct tstr { size_t len; char s[]; } tstr;     /* UTF-8, NUL-terminated after len */
 typedef struct tlist tlist;
@@ -69,7 +71,7 @@ typedef struct tv {
     } u;
 } tv;
 
-struct tlist { size_t n, cap; tv *v; };
+struct tlist { size_t n, cap; tv *v; int64_t rstart, rstop, rstep; /* TVF_RANGE */ };
 struct tdict { size_t n, cap; tv *k; tv *v; };
 
 /* ------------------------------------------------------------------ syntax tree */

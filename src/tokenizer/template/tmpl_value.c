@@ -272,7 +272,7 @@ bool tv_equal(tv a, tv b) {
     case TV_STR: return a.u.s->len == b.u.s->len && memcmp(a.u.s->s, b.u.s->s, a.u.s->len) == 0;
     case TV_LIST:
         if ((a.flags & TVF_GEN) || (b.flags & TVF_GEN)) return a.u.l == b.u.l;
-        if ((a.flags & TVF_TUPLE) != (b.flags & TVF_TUPLE) || a.u.l->n != b.u.l->n) return false;
+        if ((a.flags & (TVF_TUPLE | TVF_RANGE)) != (b.flags & (TVF_TUPLE | TVF_RANGE)) || a.u.l->n != b.u.l->n) return false;
         for (size_t i = 0; i < a.u.l->n; i++)
             if (!tv_equal(a.u.l->v[i], b.u.l->v[i])) return false;
         return true;
@@ -311,7 +311,7 @@ bool tv_compare(tv a, tv b, int *cmp) {
         *cmp = r < 0 ? -1 : r > 0 ? 1 : (a.u.s->len < b.u.s->len ? -1 : a.u.s->len > b.u.s->len);
         return true;
     }
-    if (a.t == TV_LIST && b.t == TV_LIST && !((a.flags | b.flags) & TVF_GEN) &&
+    if (a.t == TV_LIST && b.t == TV_LIST && !((a.flags | b.flags) & (TVF_GEN | TVF_RANGE)) &&
         (a.flags & TVF_TUPLE) == (b.flags & TVF_TUPLE)) {
         size_t n = a.u.l->n < b.u.l->n ? a.u.l->n : b.u.l->n;
         for (size_t i = 0; i < n; i++) {
@@ -332,7 +332,8 @@ const char *tv_typename(tv v) {
     case TV_INT: return "int";
     case TV_FLOAT: return "float";
     case TV_STR: return "str";
-    case TV_LIST: return (v.flags & TVF_GEN) ? "generator" : (v.flags & TVF_TUPLE) ? "tuple" : "list";
+    case TV_LIST:
+        return (v.flags & TVF_GEN) ? "generator" : (v.flags & TVF_RANGE) ? "range" : (v.flags & TVF_TUPLE) ? "tuple" : "list";
     case TV_DICT: return "dict";
     case TV_NS: return "Namespace";
     case TV_FUNC: return "function";
@@ -468,6 +469,11 @@ static bool write_repr_depth(tbuf *b, tv v, int depth) {
     case TV_STR: return write_str_repr(b, v.u.s->s, v.u.s->len);
     case TV_LIST:
         if (v.flags & TVF_GEN) return tbuf_put(b, "<generator object>", 18);
+        if (v.flags & TVF_RANGE) {
+            if (v.u.l->rstep == 1) return tbuf_printf(b, "range(%lld, %lld)", (long long)v.u.l->rstart, (long long)v.u.l->rstop);
+            return tbuf_printf(b, "range(%lld, %lld, %lld)", (long long)v.u.l->rstart, (long long)v.u.l->rstop,
+                               (long long)v.u.l->rstep);
+        }
         return write_items(b, v, depth);
     case TV_DICT: return write_items(b, v, depth);
     case TV_NS: {
@@ -781,7 +787,7 @@ int tv_write_json(tmpl_ctx *c, const tnode *at, tbuf *b, tv v, const tjson_opts 
         break;
     case TV_STR: ok = json_str(b, v.u.s->s, v.u.s->len, o->ensure_ascii); break;
     case TV_LIST:
-        if (v.flags & TVF_GEN) return json_fail_type(c, at, v);
+        if (v.flags & (TVF_GEN | TVF_RANGE)) return json_fail_type(c, at, v);
         if (v.u.l->n == 0) {
             ok = tbuf_put(b, "[]", 2);
             break;
