@@ -994,6 +994,8 @@ int tmpl_filter(tmpl_ctx *c, const tnode *at, const char *name, tv v, int nargs,
     if (IS("reject")) return select_items(c, at, v, &a, false, false, out);
     if (IS("selectattr")) return select_items(c, at, v, &a, true, true, out);
     if (IS("rejectattr")) return select_items(c, at, v, &a, true, false, out);
+    if ((IS("int") || IS("float")) && v.t == TV_UNDEF) /* Undefined.__int__ / __float__ raise */
+        return tmpl_fail(c, at, LM_ERR_INVALID_ARG, "%s", v.u.hint ? v.u.hint : "a value is undefined");
     if (IS("int")) {
         const tv *dv = arg(&a, 0, "default"), *bv = arg(&a, 1, "base");
         int base = bv && bv->t == TV_INT ? (int)bv->u.i : 10;

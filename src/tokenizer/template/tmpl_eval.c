@@ -444,7 +444,7 @@ static int str_percent(tmpl_ctx *c, const tnode *at, tv fmt, tv args, tv *out) {
         else rc = tmpl_fail(c, at, LM_ERR_UNSUPPORTED, "unsupported %%-format '%%%c'", conv);
     }
     /* Python skips the check for anything subscriptable but str: dicts, lists, ranges */
-    if (rc == 0 && !tuple && ai == 0 && args.t != TV_DICT && !(args.t == TV_LIST && !(args.flags & TVF_GEN)))
+    if (rc == 0 && !tuple && ai == 0 && args.t != TV_DICT && args.t != TV_UNDEF && !(args.t == TV_LIST && !(args.flags & TVF_GEN)))
         rc = tmpl_fail(c, at, LM_ERR_INVALID_ARG, "not all arguments converted during string formatting");
     if (rc == 0 && ((tuple && ai < args.u.l->n)))
         rc = tmpl_fail(c, at, LM_ERR_INVALID_ARG, "not all arguments converted during string formatting");
