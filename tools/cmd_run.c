@@ -150,7 +150,7 @@ static int generate(lm_model_internal *m, lm_tokenizer *tok, const int32_t *prom
     float *logits = malloc(sizeof(float) * (size_t)V);
     int32_t *pos = malloc(sizeof(int32_t) * n_prompt), *seq = calloc(n_prompt, sizeof(int32_t));
     int rc = 1;
-    if (!logits || !pos || !seq || lm_kv_cache_for_model(m, o->ctx, 1, &kv) ||
+    if (!logits || !pos || !seq || lm_kv_cache_for_model(m, o->ctx, 1, LM_DTYPE_F16, &kv) ||
         lm_detok_stream_create(tok, true, false, &ds))
         goto done;
     for (size_t i = 0; i < n_prompt; i++) pos[i] = (int32_t)i;
@@ -221,7 +221,7 @@ int cmd_run(int argc, char **argv) {
     size_t bos_len = 0;
     const char *bos = lm_tokenizer_bos(tok) >= 0 ? lm_tokenizer_token_text(tok, lm_tokenizer_bos(tok), &bos_len) : NULL;
     bool add_special = !(bos && bos_len && strncmp(text, bos, bos_len) == 0);
-    if (lm_tokenize_alloc(tok, text, strlen(text), add_special, true, &ids, &n_ids) || n_ids == 0) {
+    if (lm_tokenizer_encode_alloc(tok, text, strlen(text), add_special, true, &ids, &n_ids) || n_ids == 0) {
         fprintf(stderr, "lumen run: %s\n", n_ids == 0 ? "the prompt is empty" : lm_last_error());
         goto done;
     }

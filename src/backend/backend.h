@@ -45,8 +45,9 @@ typedef struct lm_backend_ops {
      * and already checked to be in range. */
     void (*get_rows)(lm_backend *b, const lm_weight *table, const int32_t *ids, int64_t n, float *out);
 
-    /* y[t][r] = sum_k W[r][k] * x[t][k]; x [n][cols(W)], y [n][rows(W)]. */
-    void (*matmul)(lm_backend *b, const lm_weight *w, const float *x, int64_t n, float *y);
+    /* y[t][r] = sum_k W[r][k] * x[t][k]; x [n][cols(W)], y [n][rows(W)].
+     * LM_ERR_NO_MEMORY if the backend cannot get its working memory. */
+    lm_status (*matmul)(lm_backend *b, const lm_weight *w, const float *x, int64_t n, float *y);
 
     /* y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w; x, y [n][d] (may alias), w [d]. */
     void (*rms_norm)(lm_backend *b, const float *x, const float *w, int64_t n, int64_t d, float eps, float *y);
@@ -74,8 +75,9 @@ typedef struct lm_backend_ops {
 
     /* Causal attention of q [n][n_head * head_dim] over the cached keys/values of each
      * token's sequence at positions <= its own (and > pos - window when window > 0);
-     * out [n][n_head * head_dim]; score = scale * q·k; GQA groups n_head / n_head_kv. */
-    void (*attention)(lm_backend *b, const struct lm_kv_cache *kv, int64_t layer, const lm_attn_batch *batch,
+     * out [n][n_head * head_dim]; score = scale * q·k; GQA groups n_head / n_head_kv.
+     * LM_ERR_NO_MEMORY if the backend cannot get its working memory. */
+    lm_status (*attention)(lm_backend *b, const struct lm_kv_cache *kv, int64_t layer, const lm_attn_batch *batch,
                       const float *q, int64_t n_head, int64_t n_head_kv, int64_t head_dim, int64_t window,
                       float scale, float *out);
 } lm_backend_ops;

@@ -7,12 +7,15 @@
 #include "core/error.h"
 
 lm_status lm_kv_cache_create(lm_backend *backend, int64_t n_layer, int64_t n_embd_kv, int64_t block_size,
-                             int64_t n_blocks, int64_t n_seqs, lm_kv_cache **out) {
+                             int64_t n_blocks, int64_t n_seqs, lm_dtype type, lm_kv_cache **out) {
     *out = NULL;
+    if (type != LM_DTYPE_F16 && type != LM_DTYPE_F32)
+        return lm_error(LM_ERR_UNSUPPORTED, "KV cache type %s is not supported (F16 or F32)", lm_dtype_name(type));
+    size_t elem = type == LM_DTYPE_F16 ? 2 : 4;
     if (n_layer <= 0 || n_embd_kv <= 0 || block_size <= 0 || n_blocks <= 0 || n_blocks > INT32_MAX || n_seqs <= 0 ||
         n_seqs > (1 << 20))
         return lm_error(LM_ERR_INVALID_ARG, "KV cache dimensions are out of range");
-    double bytes = 2.0 * (double)n_layer * (double)n_blocks * (double)block_size * (double)n_embd_kv * sizeof(float);
+    double bytes = 2.0 * (double)n_layer * (double)n_blocks * (double)block_size * (double)n_embd_kv * (double)elem;
     if (bytes > 1e15) return lm_error(LM_ERR_LIMIT, "KV cache of %.3g bytes is too large", bytes);
     lm_kv_cache *kv = calloc(1, sizeof *kv);
     if (!kv) return lm_error(LM_ERR_NO_MEMORY, "out of memory for the KV cache");
@@ -22,6 +25,8 @@ lm_status lm_kv_cache_create(lm_backend *backend, int64_t n_layer, int64_t n_emb
     kv->block_size = block_size;
     kv->n_blocks = n_blocks;
     kv->n_seqs = n_seqs;
+    kv->type = type;
+    kv->elem_size = elem;
     size_t half = (size_t)(bytes / 2);
     kv->k = backend->ops->alloc(backend, half);
     kv->v = backend->ops->alloc(backend, half);

@@ -4,12 +4,15 @@
  * the table, so sequences of any length share one pool without fragmentation.
  *
  * Memory layout (backend memory), for K and V alike:
- *   [n_layer][n_blocks][block_size][n_head_kv * head_dim]  f32
+ *   [n_layer][n_blocks][block_size][n_head_kv * head_dim]  of `type` (F16 or F32)
+ * F16 halves the cache and the bandwidth attention needs (the default, as in
+ * llama.cpp); F32 keeps keys and values exact (reference comparisons).
  * Block bookkeeping (tables, free list, reference counts) lives in host memory. */
 #ifndef LM_KV_KV_CACHE_H
 #define LM_KV_KV_CACHE_H
 
 #include "lumen.h"
+#include "tensor/dtype.h"
 
 struct lm_backend;
 
@@ -24,7 +27,9 @@ typedef struct lm_kv_cache {
     struct lm_backend *backend;
     int64_t n_layer, n_embd_kv; /* n_embd_kv = n_head_kv * head_dim */
     int64_t block_size, n_blocks;
-    float *k, *v;               /* backend memory, layout above     */
+    lm_dtype type;              /* LM_DTYPE_F16 or LM_DTYPE_F32     */
+    size_t elem_size;           /* 2 or 4                           */
+    void *k, *v;                /* backend memory, layout above     */
     int32_t *refcount;          /* per block                        */
     int32_t *free_list;         /* stack of free block ids          */
     int64_t n_free;
@@ -32,9 +37,10 @@ typedef struct lm_kv_cache {
     int64_t n_seqs;
 } lm_kv_cache;
 
-/* A cache of n_blocks blocks of block_size tokens for up to n_seqs sequences. */
+/* A cache of n_blocks blocks of block_size tokens for up to n_seqs sequences,
+ * holding keys and values as `type` (LM_DTYPE_F16 or LM_DTYPE_F32). */
 lm_status lm_kv_cache_create(struct lm_backend *backend, int64_t n_layer, int64_t n_embd_kv, int64_t block_size,
-                             int64_t n_blocks, int64_t n_seqs, lm_kv_cache **out);
+                             int64_t n_blocks, int64_t n_seqs, lm_dtype type, lm_kv_cache **out);
 void lm_kv_cache_free(lm_kv_cache *kv);
 
 /* Makes room for positions [0, n_pos) of sequence `seq`, taking blocks from the
@@ -46,7 +52,7 @@ void lm_kv_cache_truncate(lm_kv_cache *kv, int32_t seq, int64_t n_pos);
 
 /* Bytes of K+V one token occupies across all layers. */
 static inline size_t lm_kv_cache_bytes_per_token(const lm_kv_cache *kv) {
-    return (size_t)(2 * kv->n_layer * kv->n_embd_kv) * sizeof(float);
+    return (size_t)(2 * kv->n_layer * kv->n_embd_kv) * kv->elem_size;
 }
 
 /* Index of the slot holding (seq, pos), counted in token slots from the start of a

@@ -7,11 +7,12 @@
 
 enum { KV_BLOCK_TOKENS = 16 };
 
-lm_status lm_kv_cache_for_model(const lm_model_internal *m, int64_t n_ctx, int64_t n_seqs, lm_kv_cache **out) {
+lm_status lm_kv_cache_for_model(const lm_model_internal *m, int64_t n_ctx, int64_t n_seqs, lm_dtype type,
+                                lm_kv_cache **out) {
     if (n_ctx <= 0 || n_seqs <= 0) return lm_error(LM_ERR_INVALID_ARG, "context length and sequence count must be > 0");
     int64_t blocks_per_seq = (n_ctx + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
     return lm_kv_cache_create(m->backend, m->hp.n_layer, m->hp.n_head_kv * m->hp.head_dim, KV_BLOCK_TOKENS,
-                              blocks_per_seq * n_seqs, n_seqs, out);
+                              blocks_per_seq * n_seqs, n_seqs, type, out);
 }
 
 /* Activation buffers for one call, in backend memory. */
@@ -86,6 +87,10 @@ lm_status lm_forward(const lm_model_internal *m, lm_kv_cache *kv, const lm_batch
 
     scratch s;
     if ((st = scratch_alloc(b, hp, n, n_out > 0 ? n_out : 1, &s))) return st;
+#define TRY(call)             \
+    do {                      \
+        if ((st = (call))) goto done; \
+    } while (0)
     lm_attn_batch ab = {n, batch->pos, batch->seq};
 
     op->get_rows(b, m->tok_embd, batch->tokens, n, s.x);
@@ -97,9 +102,9 @@ lm_status lm_forward(const lm_model_internal *m, lm_kv_cache *kv, const lm_batch
 
         /* attention block */
         op->rms_norm(b, s.x, w->attn_norm, n, d, hp->rms_eps, s.xn);
-        op->matmul(b, w->wq, s.xn, n, s.q);
-        op->matmul(b, w->wk, s.xn, n, s.k);
-        op->matmul(b, w->wv, s.xn, n, s.v);
+        TRY(op->matmul(b, w->wq, s.xn, n, s.q));
+        TRY(op->matmul(b, w->wk, s.xn, n, s.k));
+        TRY(op->matmul(b, w->wv, s.xn, n, s.v));
         if (w->bq) {
             op->add_bias(b, s.q, w->bq, n, q_dim);
             op->add_bias(b, s.k, w->bk, n, kv_dim);
@@ -114,21 +119,21 @@ lm_status lm_forward(const lm_model_internal *m, lm_kv_cache *kv, const lm_batch
         op->rope(b, s.q, n, hp->n_head, hd, hp->n_rot, batch->pos, theta, fscale, hp->rope_mode);
         op->rope(b, s.k, n, hp->n_head_kv, hd, hp->n_rot, batch->pos, theta, fscale, hp->rope_mode);
         op->kv_store(b, kv, il, &ab, s.k, s.v);
-        op->attention(b, kv, il, &ab, s.q, hp->n_head, hp->n_head_kv, hd, swa ? hp->sliding_window : 0,
-                      hp->attn_scale, s.attn);
-        op->matmul(b, w->wo, s.attn, n, s.tmp);
+        TRY(op->attention(b, kv, il, &ab, s.q, hp->n_head, hp->n_head_kv, hd, swa ? hp->sliding_window : 0,
+                      hp->attn_scale, s.attn));
+        TRY(op->matmul(b, w->wo, s.attn, n, s.tmp));
         if (w->post_attn_norm) op->rms_norm(b, s.tmp, w->post_attn_norm, n, d, hp->rms_eps, s.tmp);
         op->add(b, s.x, s.tmp, n * d);
 
         /* feed-forward block */
         op->rms_norm(b, s.x, w->ffn_norm, n, d, hp->rms_eps, s.xn);
-        op->matmul(b, w->w_gate, s.xn, n, s.gate);
-        op->matmul(b, w->w_up, s.xn, n, s.up);
+        TRY(op->matmul(b, w->w_gate, s.xn, n, s.gate));
+        TRY(op->matmul(b, w->w_up, s.xn, n, s.up));
         if (hp->ffn_gelu)
             op->geglu(b, s.gate, s.up, n * hp->n_ff, s.gate);
         else
             op->swiglu(b, s.gate, s.up, n * hp->n_ff, s.gate);
-        op->matmul(b, w->w_down, s.gate, n, s.tmp);
+        TRY(op->matmul(b, w->w_down, s.gate, n, s.tmp));
         if (w->post_ffn_norm) op->rms_norm(b, s.tmp, w->post_ffn_norm, n, d, hp->rms_eps, s.tmp);
         op->add(b, s.x, s.tmp, n * d);
     }
@@ -144,9 +149,11 @@ lm_status lm_forward(const lm_model_internal *m, lm_kv_cache *kv, const lm_batch
             }
         }
         op->rms_norm(b, s.x, m->output_norm, n_out, d, hp->rms_eps, s.xn);
-        op->matmul(b, m->output, s.xn, n_out, s.logits);
+        TRY(op->matmul(b, m->output, s.xn, n_out, s.logits));
         op->download(b, logits, s.logits, (size_t)(n_out * hp->n_vocab) * sizeof(float));
     }
+#undef TRY
+done:
     scratch_free(b, &s);
-    return LM_OK;
+    return st;
 }

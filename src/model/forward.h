@@ -21,7 +21,9 @@ typedef struct lm_batch {
  * batch order, to `logits` (host memory, [n_selected][n_vocab]). */
 lm_status lm_forward(const lm_model_internal *m, lm_kv_cache *kv, const lm_batch *batch, float *logits);
 
-/* A KV cache sized for `n_seqs` sequences of up to `n_ctx` tokens each. */
-lm_status lm_kv_cache_for_model(const lm_model_internal *m, int64_t n_ctx, int64_t n_seqs, lm_kv_cache **out);
+/* A KV cache sized for `n_seqs` sequences of up to `n_ctx` tokens each, storing
+ * keys and values as `type` (LM_DTYPE_F16, the usual choice, or LM_DTYPE_F32). */
+lm_status lm_kv_cache_for_model(const lm_model_internal *m, int64_t n_ctx, int64_t n_seqs, lm_dtype type,
+                                lm_kv_cache **out);
 
 #endif

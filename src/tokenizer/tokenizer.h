@@ -61,14 +61,6 @@ lm_status lm_tokenizer_encode(const lm_tokenizer *tok, const char *text, size_t 
 lm_status lm_tokenizer_encode_alloc(const lm_tokenizer *tok, const char *text, size_t len,
                             bool add_special, bool parse_special, int32_t **ids, size_t *n);
 
-/* Earlier name of lm_tokenizer_encode_alloc (tools/cmd_run.c uses it); header-only so
- * the library exports no lm_tokenize* symbol that could clash with the public API. */
-static inline lm_status lm_tokenize_alloc(const lm_tokenizer *tok, const char *text, size_t len,
-                                          bool add_special, bool parse_special, int32_t **ids,
-                                          size_t *n) {
-    return lm_tokenizer_encode_alloc(tok, text, len, add_special, parse_special, ids, n);
-}
-
 /* ---- detokenize ---- */
 
 /* The text of one token: byte-decoded for BPE, U+2581 -> space for SPM, <0xNN> -> that

@@ -55,11 +55,10 @@ static int64_t argmax(const float *x, int64_t n) {
 
 /* KL(reference || ours) over the reference's top-k tokens plus one bin for the rest:
  * a lower bound of the full KL (grouping bins never increases KL), tight when the
- * top-k hold nearly all the mass. `pos` is one golden position: {"lse", "top"}. */
-static double golden_kl(const cJSON *pos, const float *logits, int64_t n_vocab) {
-    double ref_lse = cJSON_GetObjectItem(pos, "lse")->valuedouble;
+ * top-k hold nearly all the mass. `ref_lse` is the reference's log-sum-exp and `top`
+ * its [[id, logit], ...] at one position. */
+static double golden_kl(double ref_lse, const cJSON *top, const float *logits, int64_t n_vocab) {
     double our_lse = logsumexp(logits, n_vocab);
-    const cJSON *top = cJSON_GetObjectItem(pos, "top");
     double kl = 0.0, p_in = 0.0, q_in = 0.0;
     const cJSON *pair;
     cJSON_ArrayForEach(pair, top) {
@@ -76,8 +75,8 @@ static double golden_kl(const cJSON *pos, const float *logits, int64_t n_vocab) 
     return kl;
 }
 
-static int64_t golden_top1(const cJSON *pos) {
-    return (int64_t)cJSON_GetArrayItem(cJSON_GetArrayItem(cJSON_GetObjectItem(pos, "top"), 0), 0)->valuedouble;
+static int64_t golden_top1(const cJSON *top) {
+    return (int64_t)cJSON_GetArrayItem(cJSON_GetArrayItem(top, 0), 0)->valuedouble;
 }
 
 #endif

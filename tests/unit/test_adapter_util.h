@@ -280,7 +280,7 @@ static inline lm_status tl_logits(const lm_model_internal *m, const int32_t *tok
     int32_t pos[256], seq[256];
     for (int i = 0; i < n; i++) pos[i] = i, seq[i] = 0;
     lm_kv_cache *kv;
-    lm_status st = lm_kv_cache_for_model(m, 256, 1, &kv);
+    lm_status st = lm_kv_cache_for_model(m, 256, 1, LM_DTYPE_F32, &kv);
     if (st) return st;
     lm_batch b = {n, tok, pos, seq, NULL};
     st = lm_forward(m, kv, &b, logits);

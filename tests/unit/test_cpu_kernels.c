@@ -42,7 +42,7 @@ static void test_q8_kernels(void) {
             }
             CHECK(lm_quantize_row(t, w, wq, N));
             CHECK(lm_dequantize_row(t, wq, wd, N));
-            lm_q8a_quantize_row(x, a, N);
+            lm_q8a_quantize_row(x, a, N, lm_q8a_style_for(t));
             double exact = 0, mag = 0;
             for (int i = 0; i < N; i++) {
                 exact += (double)wd[i] * x[i];
@@ -61,19 +61,28 @@ static void test_q8_kernels(void) {
 
 /* the activation quantizer: d = max|x| / 127, codes round to nearest, sums right */
 static void test_q8_quantize(void) {
-    float x[64];
-    lm_q8a_block a[2];
-    for (int i = 0; i < 64; i++) x[i] = (float)(i - 20) * 0.25f;
-    lm_q8a_quantize_row(x, a, 64);
-    CHECK_NEAR(a[0].d, 5.0f / 127.0f, 1e-9);    /* block 0: max |x| = |-5| */
+    float x[256];
+    lm_q8a_block a[8];
+    for (int i = 0; i < 256; i++) x[i] = (float)(i - 20) * 0.25f;
+    lm_q8a_quantize_row(x, a, 64, LM_Q8A_PER32);
+    /* block 0: max |x| = |-5|; d is stored as f16 */
+    CHECK(a[0].d == lm_f16_to_f32(lm_f32_to_f16(5.0f / 127.0f)));
     CHECK(a[0].q[0] == -127);
     CHECK(a[0].q[20] == 0);
+    CHECK(a[0].q[2] == -114); /* -4.5 * 127 / 5 = -114.3 */
     int s = 0;
     for (int i = 0; i < 16; i++) s += a[1].q[i];
     CHECK(s == a[1].sum16[0]);
+    CHECK_NEAR(a[1].s, (10.75f / 127.0f) * (a[1].sum16[0] + a[1].sum16[1]), 1e-3 * fabs(a[1].s));
+    /* PER256: one scale for all 8 blocks, from the signed extreme (58.75 here) */
+    lm_q8a_quantize_row(x, a, 256, LM_Q8A_PER256);
+    CHECK(a[0].d == a[7].d);
+    CHECK_NEAR(a[0].d, -58.75f / 127.0f, 1e-7);
+    CHECK(a[7].q[31] == -127); /* x = 58.75 = the max, times -127 / max */
+    CHECK(a[0].q[0] == (int8_t)lrintf(-5.0f * (-127.0f / 58.75f)));
     float z[32] = {0};
-    lm_q8a_quantize_row(z, a, 32);
-    CHECK(a[0].d == 0.0f && a[0].q[5] == 0 && a[0].sum16[0] == 0);
+    lm_q8a_quantize_row(z, a, 32, LM_Q8A_PER32);
+    CHECK(a[0].d == 0.0f && a[0].q[5] == 0 && a[0].sum16[0] == 0 && a[0].s == 0.0f);
 }
 
 /* f32 dot with its target clones vs a plain double loop */

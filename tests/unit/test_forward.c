@@ -32,7 +32,7 @@ static void run_batch(lm_model_internal *m, const int32_t *tok, int n, float *lo
     int8_t want[64];
     for (int i = 0; i < n; i++) pos[i] = i, seq[i] = 0, want[i] = 1;
     lm_kv_cache *kv;
-    CHECK(lm_kv_cache_for_model(m, 64, 1, &kv) == LM_OK);
+    CHECK(lm_kv_cache_for_model(m, 64, 1, LM_DTYPE_F32, &kv) == LM_OK);
     lm_batch b = {n, tok, pos, seq, want};
     CHECK(lm_forward(m, kv, &b, logits) == LM_OK);
     lm_kv_cache_free(kv);
@@ -58,7 +58,7 @@ static void test_batch_invariance(lm_model_internal *m) {
 
     /* one token at a time (decode steps) */
     lm_kv_cache *kv;
-    CHECK(lm_kv_cache_for_model(m, 64, 1, &kv) == LM_OK);
+    CHECK(lm_kv_cache_for_model(m, 64, 1, LM_DTYPE_F32, &kv) == LM_OK);
     for (int i = 0; i < N_TOK; i++) {
         int32_t p = i, s = 0;
         lm_batch b = {1, &tok[i], &p, &s, NULL};
@@ -68,7 +68,7 @@ static void test_batch_invariance(lm_model_internal *m) {
     double d1 = max_diff(whole, step, N_TOK * V);
 
     /* two sequences interleaved token by token in one batch, in two chunks */
-    CHECK(lm_kv_cache_for_model(m, 64, 2, &kv) == LM_OK);
+    CHECK(lm_kv_cache_for_model(m, 64, 2, LM_DTYPE_F32, &kv) == LM_OK);
     int32_t t[2 * N_TOK], pos[2 * N_TOK], seq[2 * N_TOK];
     int8_t want[2 * N_TOK];
     for (int i = 0; i < N_TOK; i++) {
@@ -112,10 +112,17 @@ static void test_arch(lm_backend *b, lm_arch arch, lm_dtype type) {
     test_batch_invariance(m);
 
     if (arch != LM_ARCH_LLAMA) {
-        /* the same weights as a Hugging Face folder */
+        /* the same weights as a Hugging Face folder; both files in F32, so both take
+         * the same (f32) matrix path and must agree exactly */
+        lm_model_internal_free(m);
+        tm.spec.matrix_type = LM_DTYPE_F32;
+        snprintf(gguf, sizeof gguf, "%s/%s-f32.gguf", g_dir, lm_arch_name(arch));
+        CHECK(tiny_write_gguf(&tm, gguf, NULL) == LM_OK);
+        m = load(b, gguf);
         snprintf(hf, sizeof hf, "%s/%s-hf", g_dir, lm_arch_name(arch));
         CHECK(tiny_write_hf(&tm, hf) == LM_OK);
-        lm_model_internal *h = load(b, hf);
+        if (m) test_batch_invariance(m); /* the f32 path is batch-invariant too */
+        lm_model_internal *h = m ? load(b, hf) : NULL;
         if (h) {
             int64_t V = m->hp.n_vocab;
             int32_t tok[N_TOK];
@@ -125,7 +132,7 @@ static void test_arch(lm_backend *b, lm_arch arch, lm_dtype type) {
             run_batch(h, tok, N_TOK, c);
             double d = max_diff(a, c, N_TOK * V);
             printf("  %s: GGUF vs Hugging Face folder max |diff| %.3g\n", lm_arch_name(arch), d);
-            CHECK(d < 1e-4);
+            CHECK(d == 0.0);
             free(a), free(c);
             lm_model_internal_free(h);
         }
@@ -223,7 +230,7 @@ static void test_bad_batch(lm_backend *b) {
     lm_model_internal *m = load(b, path);
     if (!m) return;
     lm_kv_cache *kv;
-    CHECK(lm_kv_cache_for_model(m, 32, 1, &kv) == LM_OK);
+    CHECK(lm_kv_cache_for_model(m, 32, 1, LM_DTYPE_F32, &kv) == LM_OK);
     float logits[256];
     int32_t tok = 256, pos = 0, seq = 0; /* vocabulary is 256: out of range */
     lm_batch batch = {1, &tok, &pos, &seq, NULL};

@@ -6,8 +6,24 @@
 #include "core/error.h"
 #include "tensor/quant.h"
 
+void *lm_cpu_scratch(lm_backend *b, lm_cpu_scratch_slot slot, size_t bytes) {
+    lm_cpu_backend *cpu = (lm_cpu_backend *)b;
+    if (cpu->scratch_size[slot] >= bytes) return cpu->scratch[slot];
+    free(cpu->scratch[slot]);
+    cpu->scratch[slot] = NULL;
+    cpu->scratch_size[slot] = 0;
+    size_t want = bytes + bytes / 4; /* headroom: batches grow a little at a time */
+    if (posix_memalign(&cpu->scratch[slot], 64, want) != 0) {
+        cpu->scratch[slot] = NULL;
+        return NULL;
+    }
+    cpu->scratch_size[slot] = want;
+    return cpu->scratch[slot];
+}
+
 static void cpu_destroy(lm_backend *b) {
     lm_cpu_backend *cpu = (lm_cpu_backend *)b;
+    for (int i = 0; i < LM_SCRATCH_COUNT; i++) free(cpu->scratch[i]);
     lm_threadpool_free(cpu->pool);
     free(cpu);
 }

@@ -5,9 +5,15 @@
 #include "backend/backend.h"
 #include "core/threadpool.h"
 
+/* Scratch buffers reused across calls, one per purpose. A backend runs one forward
+ * pass at a time (the engine's worker thread), so they need no locking. */
+typedef enum lm_cpu_scratch_slot { LM_SCRATCH_Q8_ACT, LM_SCRATCH_TILES, LM_SCRATCH_ATTN, LM_SCRATCH_COUNT } lm_cpu_scratch_slot;
+
 typedef struct lm_cpu_backend {
     lm_backend base;
     lm_threadpool *pool;
+    void *scratch[LM_SCRATCH_COUNT];
+    size_t scratch_size[LM_SCRATCH_COUNT];
 } lm_cpu_backend;
 
 /* On the CPU a weight is the tensor itself (mmap'd, used in place). */
@@ -17,14 +23,23 @@ struct lm_weight {
 
 static inline lm_threadpool *lm_cpu_pool(lm_backend *b) { return ((lm_cpu_backend *)b)->pool; }
 
+/* A 64-byte aligned buffer of at least `bytes` for `slot`, grown as needed; NULL when
+ * memory runs out (the op then falls back or reports it). */
+void *lm_cpu_scratch(lm_backend *b, lm_cpu_scratch_slot slot, size_t bytes);
+
 /* sum a[i] * b[i], vectorized where the CPU allows (runtime dispatch). */
 float lm_cpu_dot_f32(const float *a, const float *b, int64_t n);
+
+/* y[t][row0 + r] = tile[r] . x[t] for r < n_rows, t < n_tok; tile [n_rows][k] and
+ * x [n_tok][k] f32, y rows y_stride apart. Register-blocked; runtime-dispatched. */
+void lm_cpu_gemm_tile(const float *tile, int64_t n_rows, const float *x, int64_t n_tok, int64_t k, float *y,
+                      int64_t y_stride, int64_t row0);
 
 /* Row r of weight w as f32 into dst [cols]. */
 void lm_cpu_weight_row(const lm_weight *w, int64_t r, float *dst);
 
 void lm_cpu_get_rows(lm_backend *b, const lm_weight *table, const int32_t *ids, int64_t n, float *out);
-void lm_cpu_matmul(lm_backend *b, const lm_weight *w, const float *x, int64_t n, float *y);
+lm_status lm_cpu_matmul(lm_backend *b, const lm_weight *w, const float *x, int64_t n, float *y);
 void lm_cpu_rms_norm(lm_backend *b, const float *x, const float *w, int64_t n, int64_t d, float eps, float *y);
 void lm_cpu_add(lm_backend *b, float *y, const float *x, int64_t n);
 void lm_cpu_add_bias(lm_backend *b, float *y, const float *bias, int64_t n, int64_t d);
@@ -35,7 +50,7 @@ void lm_cpu_swiglu(lm_backend *b, const float *gate, const float *up, int64_t n,
 void lm_cpu_geglu(lm_backend *b, const float *gate, const float *up, int64_t n, float *out);
 void lm_cpu_kv_store(lm_backend *b, struct lm_kv_cache *kv, int64_t layer, const lm_attn_batch *batch,
                      const float *k, const float *v);
-void lm_cpu_attention(lm_backend *b, const struct lm_kv_cache *kv, int64_t layer, const lm_attn_batch *batch,
+lm_status lm_cpu_attention(lm_backend *b, const struct lm_kv_cache *kv, int64_t layer, const lm_attn_batch *batch,
                       const float *q, int64_t n_head, int64_t n_head_kv, int64_t head_dim, int64_t window,
                       float scale, float *out);
 

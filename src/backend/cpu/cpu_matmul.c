@@ -3,18 +3,19 @@
  * The weight is dequantized a tile of rows at a time into f32 scratch, then every
  * token's activation row is dotted with the tile while it is hot in cache: each
  * weight byte is decoded once per call, however many tokens the batch holds. */
-#include <stdlib.h>
 
 #include "backend/cpu/cpu_internal.h"
 #include "backend/cpu/cpu_q8.h"
+#include "core/error.h"
 
-enum {
-    ROW_TILE = 8,
-    /* up to this many tokens, quantized weights take the integer path: activations
-     * quantized to 8 bits once, each weight row read once per token straight from
-     * the file; beyond, decoding rows to f32 once per call pays off */
-    Q8_MAX_TOKENS = 4,
-};
+/* Two paths, chosen by weight type alone (never by batch size, so a token's result
+ * does not depend on what else is in the batch — DESIGN.md invariant 2):
+ *  - formats with an integer kernel: activations quantized to 8 bits once per call,
+ *    each weight row read straight from the file and dotted with every token while
+ *    it sits in L1;
+ *  - the others (F32/F16/BF16, MLX affine, Q2_K, Q3_K): rows decoded to f32 a tile at
+ *    a time, then a register-blocked f32 product. */
+enum { ROW_TILE = 16 };
 
 __attribute__((target_clones("avx512f", "avx2", "default")))
 float lm_cpu_dot_f32(const float *a, const float *b, int64_t n) {
@@ -36,6 +37,7 @@ typedef struct matmul_job {
     const float *x;
     int64_t n;
     float *y;
+    float *tiles; /* [n_threads][ROW_TILE * cols] */
 } matmul_job;
 
 static void matmul_worker(void *ctx, int ith, int nth) {
@@ -43,19 +45,12 @@ static void matmul_worker(void *ctx, int ith, int nth) {
     int64_t rows = job->w->t.ne[1], cols = job->w->t.ne[0];
     int64_t n_tiles = (rows + ROW_TILE - 1) / ROW_TILE, t0, t1;
     lm_split_range(n_tiles, ith, nth, &t0, &t1);
-    if (t0 >= t1) return;
-    float *tile = malloc((size_t)(ROW_TILE * cols) * sizeof(float));
-    if (!tile) return; /* unreachable in practice: a few KiB; output stays as is */
+    float *tile = job->tiles + (size_t)ith * (size_t)(ROW_TILE * cols);
     for (int64_t t = t0; t < t1; t++) {
         int64_t r0 = t * ROW_TILE, r1 = r0 + ROW_TILE < rows ? r0 + ROW_TILE : rows;
         for (int64_t r = r0; r < r1; r++) lm_cpu_weight_row(job->w, r, tile + (r - r0) * cols);
-        for (int64_t tok = 0; tok < job->n; tok++) {
-            const float *xr = job->x + tok * cols;
-            float *yr = job->y + tok * rows;
-            for (int64_t r = r0; r < r1; r++) yr[r] = lm_cpu_dot_f32(tile + (r - r0) * cols, xr, cols);
-        }
+        lm_cpu_gemm_tile(tile, r1 - r0, job->x, job->n, cols, job->y, rows, r0);
     }
-    free(tile);
 }
 
 typedef struct q8_job {
@@ -77,18 +72,26 @@ static void q8_worker(void *ctx, int ith, int nth) {
             job->y[t * rows + r] = job->dot(base + (size_t)r * row_bytes, job->a + t * (cols / 32), cols);
 }
 
-void lm_cpu_matmul(lm_backend *b, const lm_weight *w, const float *x, int64_t n, float *y) {
-    lm_q8a_dot_fn dot = n <= Q8_MAX_TOKENS && w->t.type != LM_DTYPE_AFFINE ? lm_q8a_dot_for(w->t.type) : NULL;
-    lm_q8a_block stack[Q8_MAX_TOKENS * 512];
-    int64_t cols = w->t.ne[0], n_blocks = n * (cols / 32);
-    if (dot && n_blocks <= (int64_t)(sizeof stack / sizeof stack[0])) {
-        for (int64_t t = 0; t < n; t++) lm_q8a_quantize_row(x + t * cols, stack + t * (cols / 32), cols);
-        q8_job job = {w, stack, n, y, dot};
-        lm_threadpool_run(lm_cpu_pool(b), q8_worker, &job);
-        return;
+lm_status lm_cpu_matmul(lm_backend *b, const lm_weight *w, const float *x, int64_t n, float *y) {
+    lm_q8a_dot_fn dot = w->t.type != LM_DTYPE_AFFINE ? lm_q8a_dot_for(w->t.type) : NULL;
+    int64_t cols = w->t.ne[0];
+    if (dot) {
+        lm_q8a_block *a = lm_cpu_scratch(b, LM_SCRATCH_Q8_ACT, (size_t)(n * (cols / 32)) * sizeof *a);
+        if (a) {
+            lm_q8a_style style = lm_q8a_style_for(w->t.type);
+            for (int64_t t = 0; t < n; t++) lm_q8a_quantize_row(x + t * cols, a + t * (cols / 32), cols, style);
+            q8_job job = {w, a, n, y, dot};
+            lm_threadpool_run(lm_cpu_pool(b), q8_worker, &job);
+            return LM_OK;
+        }
+        /* no memory for the quantized activations: the f32 path needs none */
     }
-    matmul_job job = {w, x, n, y};
+    int nth = lm_threadpool_size(lm_cpu_pool(b));
+    float *tiles = lm_cpu_scratch(b, LM_SCRATCH_TILES, (size_t)nth * (size_t)(ROW_TILE * cols) * sizeof(float));
+    if (!tiles) return lm_error(LM_ERR_NO_MEMORY, "out of memory for matrix-product tiles");
+    matmul_job job = {w, x, n, y, tiles};
     lm_threadpool_run(lm_cpu_pool(b), matmul_worker, &job);
+    return LM_OK;
 }
 
 typedef struct get_rows_job {

@@ -2,43 +2,89 @@
 #include "backend/cpu/cpu_q8.h"
 
 #include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
 
 #include "tensor/quant.h"
 
-void lm_q8a_quantize_row(const float *x, lm_q8a_block *out, int64_t n) {
+static void finish_block(lm_q8a_block *o, float d_for_s) {
+    int s0 = 0, s1 = 0;
+    for (int i = 0; i < 16; i++) s0 += o->q[i], s1 += o->q[i + 16];
+    o->sum16[0] = (int16_t)s0;
+    o->sum16[1] = (int16_t)s1;
+    o->s = lm_f16_to_f32(lm_f32_to_f16(d_for_s * (float)(s0 + s1)));
+}
+
+static void quantize_per32(const float *x, lm_q8a_block *out, int64_t n) {
     for (int64_t b = 0; b < n / 32; b++) {
         const float *xb = x + b * 32;
         float amax = 0.0f;
         for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(xb[i]));
-        float d = amax / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
+        float d = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
         lm_q8a_block *o = &out[b];
-        o->d = d;
-        int s0 = 0, s1 = 0;
-        for (int i = 0; i < 32; i++) {
-            int q = (int)lrintf(xb[i] * inv);
-            o->q[i] = (int8_t)q;
-            if (i < 16)
-                s0 += q;
-            else
-                s1 += q;
+        for (int i = 0; i < 32; i++) o->q[i] = (int8_t)lrintf(xb[i] * id); /* |x * id| <= 127 */
+        o->d = lm_f16_to_f32(lm_f32_to_f16(d));
+        finish_block(o, d);
+    }
+}
+
+static void quantize_per256(const float *x, lm_q8a_block *out, int64_t n) {
+    for (int64_t sb = 0; sb < n / 256; sb++) {
+        const float *xs = x + sb * 256;
+        float amax = 0.0f, max = 0.0f;
+        for (int i = 0; i < 256; i++)
+            if (fabsf(xs[i]) > amax) amax = fabsf(xs[i]), max = xs[i];
+        float iscale = amax != 0.0f ? -127.0f / max : 0.0f, d = amax != 0.0f ? 1.0f / iscale : 0.0f;
+        for (int b = 0; b < 8; b++) {
+            lm_q8a_block *o = &out[sb * 8 + b];
+            for (int i = 0; i < 32; i++) {
+                long q = lrintf(iscale * xs[b * 32 + i]);
+                o->q[i] = (int8_t)(q > 127 ? 127 : q); /* -max maps to +127, max to -127 */
+            }
+            o->d = d;
+            finish_block(o, d);
         }
-        o->sum16[0] = (int16_t)s0;
-        o->sum16[1] = (int16_t)s1;
+    }
+}
+
+void lm_q8a_quantize_row(const float *x, lm_q8a_block *out, int64_t n, lm_q8a_style style) {
+    if (style == LM_Q8A_PER256)
+        quantize_per256(x, out, n);
+    else
+        quantize_per32(x, out, n);
+}
+
+lm_q8a_style lm_q8a_style_for(lm_dtype type) {
+    switch (type) {
+    case LM_DTYPE_Q2_K:
+    case LM_DTYPE_Q3_K:
+    case LM_DTYPE_Q4_K:
+    case LM_DTYPE_Q5_K:
+    case LM_DTYPE_Q6_K: return LM_Q8A_PER256;
+    default: return LM_Q8A_PER32;
     }
 }
 
 /* Reference: dequantize the weights to f32 (lm_dequantize_row, 256 at a time) and
- * take the dot with d * q in double. Slow and obviously right. */
+ * take the dot with d * q in double. Slow and obviously right. Formats with a min
+ * (Q4_1, Q5_1) take the min's share from the rounded s, as their kernels do. */
 static float dot_scalar(lm_dtype type, const uint8_t *w, const lm_q8a_block *a, int64_t n) {
     const lm_dtype_info *info = lm_dtype_get_info(type);
     int64_t bs = info->block_size;
+    bool has_min = type == LM_DTYPE_Q4_1 || type == LM_DTYPE_Q5_1;
     float wf[256];
     double sum = 0.0;
     for (int64_t blk = 0; blk < n / bs; blk++) {
-        lm_dequantize_row(type, w + blk * (int64_t)info->block_bytes, wf, bs);
+        const uint8_t *wb = w + blk * (int64_t)info->block_bytes;
+        lm_dequantize_row(type, wb, wf, bs);
         for (int64_t i = 0; i < bs; i++) {
             const lm_q8a_block *ab = &a[(blk * bs + i) / 32];
             sum += (double)wf[i] * ab->d * ab->q[(blk * bs + i) % 32];
+        }
+        if (has_min) {
+            const lm_q8a_block *ab = &a[blk];
+            float m = lm_f16_to_f32((uint16_t)(wb[2] | (wb[3] << 8)));
+            sum += (double)m * ((double)ab->s - (double)ab->d * (ab->sum16[0] + ab->sum16[1]));
         }
     }
     return (float)sum;
@@ -74,6 +120,10 @@ lm_q8a_dot_fn lm_q8a_dot_scalar_for(lm_dtype type) {
 lm_q8a_dot_fn lm_q8a_dot_avx2_for(lm_dtype type);
 
 lm_q8a_dot_fn lm_q8a_dot_for(lm_dtype type) {
+    /* LUMEN_REFERENCE_KERNELS=1 forces the f32 reference path (debugging aid) */
+    static int reference = -1;
+    if (reference < 0) reference = getenv("LUMEN_REFERENCE_KERNELS") && atoi(getenv("LUMEN_REFERENCE_KERNELS")) != 0;
+    if (reference) return NULL;
 #if defined(__x86_64__)
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
         lm_q8a_dot_fn fn = lm_q8a_dot_avx2_for(type);

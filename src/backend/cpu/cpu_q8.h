@@ -1,9 +1,14 @@
-/* Activations quantized to 8 bits for integer dot products with quantized weights
- * (the decode path: one activation row against every weight row).
+/* Activations quantized to 8 bits for integer dot products with quantized weights.
  *
- * A row of n floats becomes n/32 blocks; block b holds q[i] = round(x[i] / d) with
- * d = max|x| / 127 over its 32 values, and the sums of q over each half (what the
- * zero points of Q4_0/Q5_0/Q6_K and the mins of Q4_1/Q4_K need). */
+ * A row of n floats becomes n/32 blocks of 32 codes q with a scale d (x ~= d * q) and
+ * the sums of q over each half (what the zero points of Q4_0/Q5_0/Q6_K and the mins of
+ * Q4_1/Q4_K need). How d is chosen follows the reference engine (llama.cpp), so that
+ * our logits match its logits closely, not merely the exact f32 product:
+ *  - PER32 (for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 weights): d = max|x| / 127 per 32 values,
+ *    stored rounded to f16; codes round(x * 127 / max|x|) to nearest even; and
+ *    s = d * sum(q), also rounded to f16, for the formats with a min;
+ *  - PER256 (for K-quant weights): one scale per 256 values, d = max / -127 with max
+ *    the signed value of largest magnitude, codes min(127, round(x / d)). */
 #ifndef LM_BACKEND_CPU_Q8_H
 #define LM_BACKEND_CPU_Q8_H
 
@@ -13,13 +18,19 @@
 #include "tensor/dtype.h"
 
 typedef struct lm_q8a_block {
-    float d;           /* scale: x ~= d * q                 */
-    int16_t sum16[2];  /* sum of q[0..15] and of q[16..31]  */
+    float d;           /* scale: x ~= d * q                           */
+    float s;           /* d * sum(q) as the reference rounds it (PER32) */
+    int16_t sum16[2];  /* sum of q[0..15] and of q[16..31]            */
     int8_t q[32];
 } lm_q8a_block;
 
-/* Quantizes x[n] (n % 32 == 0) into n / 32 blocks. */
-void lm_q8a_quantize_row(const float *x, lm_q8a_block *out, int64_t n);
+typedef enum lm_q8a_style { LM_Q8A_PER32, LM_Q8A_PER256 } lm_q8a_style;
+
+/* Quantizes x[n] into n / 32 blocks (n % 32 == 0, and n % 256 == 0 for PER256). */
+void lm_q8a_quantize_row(const float *x, lm_q8a_block *out, int64_t n, lm_q8a_style style);
+
+/* The activation style the kernels of `type` expect. */
+lm_q8a_style lm_q8a_style_for(lm_dtype type);
 
 /* sum_i w[i] * x[i] for one weight row of `type` and its activation row quantized
  * as above, n elements. */

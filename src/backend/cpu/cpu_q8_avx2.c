@@ -72,7 +72,7 @@ static float dot_q4_1(const uint8_t *w, const lm_q8a_block *a, int64_t n) {
         float d = rd_f16(w) * a[b].d, m = rd_f16(w + 2);
         __m256i s = dot_u8_i8(unpack_nibbles16(w + 4), load_act(&a[b]));
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d), acc);
-        off += m * a[b].d * (float)act_sum(&a[b]);
+        off += m * a[b].s;
     }
     return hsum8(acc) + off;
 }
@@ -102,7 +102,7 @@ static float dot_q5_1(const uint8_t *w, const lm_q8a_block *a, int64_t n) {
         __m256i u = _mm256_or_si256(unpack_nibbles16(w + 8), bits_to_0x10(qh));
         __m256i s = dot_u8_i8(u, load_act(&a[b]));
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d), acc);
-        off += m * a[b].d * (float)act_sum(&a[b]);
+        off += m * a[b].s;
     }
     return hsum8(acc) + off;
 }
