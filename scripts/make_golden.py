@@ -17,6 +17,7 @@ Models come from the lumen pull cache ($LUMEN_HOME/models/<name>/<file>).
 """
 
 import argparse
+import subprocess
 import datetime
 import hashlib
 import json
@@ -256,7 +257,12 @@ def dump(obj, f, indent=0):
 
 # ---------------------------------------------------------------- per model
 
-def run_model(name, home, out_dir):
+def f32_path(home, name):
+    """Where the golden test and this script keep the F32 copy of a pulled model."""
+    return os.path.join(home, "derived", f"{name}-f32.gguf")
+
+
+def run_model(name, home, out_dir, lumen_bin=None):
     entry = lumen_pull.CATALOG[name]
     plan = MODELS[name]
     path = os.path.join(home, "models", name, entry["file"])
@@ -266,8 +272,23 @@ def run_model(name, home, out_dir):
     if digest != entry["sha256"]:
         sys.exit(f"make_golden: {path} has sha256 {digest}, expected {entry['sha256']}")
 
+    # The F32 variant: the same weights exactly dequantized (`lumen convert --dtype f32`)
+    # and an F32 KV cache, so llama.cpp computes without quantizing activations. Its
+    # logits are the exact math up to summation order: a reference with no noise floor.
+    settings_extra, derived_from, out_name = {}, None, name
+    if lumen_bin:
+        src, path = path, f32_path(home, name)
+        if not os.path.exists(path):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            subprocess.run([lumen_bin, "convert", src, path, "--dtype", "f32"], check=True)
+        derived_from = {"file": entry["file"], "sha256": digest,
+                        "conversion": "lumen convert --dtype f32"}
+        digest = sha256_file(path)
+        settings_extra = dict(type_k=0, type_v=0)  # GGML_TYPE_F32
+        out_name = f"{name}-f32"
+
     t0 = time.monotonic()
-    llm = llama_cpp.Llama(model_path=path, verbose=False, **SETTINGS)
+    llm = llama_cpp.Llama(model_path=path, verbose=False, **SETTINGS, **settings_extra)
     t_load = time.monotonic() - t0
     cp = llm.context_params
     vocab = llm._model.vocab
@@ -379,8 +400,10 @@ def run_model(name, home, out_dir):
     doc = {
         "format": FORMAT,
         "model": name,
-        "gguf_file": entry["file"],
-        "gguf_size": entry["size"],
+        "variant": "f32" if derived_from else "quantized",
+        "derived_from": derived_from,
+        "gguf_file": os.path.basename(path),
+        "gguf_size": os.path.getsize(path),
         "gguf_sha256": digest,
         "general_name": meta.get("general.name"),
         "architecture": meta.get("general.architecture"),
@@ -408,7 +431,7 @@ def run_model(name, home, out_dir):
     llm.close()
 
     os.makedirs(out_dir, exist_ok=True)
-    out = os.path.join(out_dir, f"{name}.json")
+    out = os.path.join(out_dir, f"{out_name}.json")
     tmp = out + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         dump(doc, f)
@@ -427,10 +450,13 @@ def main():
     p.add_argument("--threads", type=int, default=SETTINGS["n_threads"],
                    help="llama.cpp threads (results do not depend on it; on a busy machine "
                         "fewer threads than cores avoids spinning at barriers)")
+    p.add_argument("--f32", metavar="LUMEN", default=None,
+                   help="make the F32 reference (<model>-f32.json) instead: convert the model "
+                        "with this `lumen` binary and run llama.cpp with an F32 KV cache")
     args = p.parse_args()
     SETTINGS["n_threads"] = SETTINGS["n_threads_batch"] = args.threads
     for name in args.models:
-        run_model(name, args.lumen_home, args.out)
+        run_model(name, args.lumen_home, args.out, args.f32)
 
 
 if __name__ == "__main__":
