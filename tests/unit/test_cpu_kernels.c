@@ -27,13 +27,23 @@ static void test_q8_kernels(void) {
     static lm_q8a_block a[N / 32];
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         lm_dtype t = types[ti];
-        lm_q8a_dot_fn fast = lm_q8a_dot_for(t), ref = lm_q8a_dot_scalar_for(t);
+        lm_q8a_dot_fn ref = lm_q8a_dot_scalar_for(t);
         CHECK(ref != NULL);
+#if defined(__x86_64__)
+        bool has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+        bool has_vnni = has_avx2 && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+        lm_q8a_dot_fn avx2 = has_avx2 ? lm_q8a_dot_for_avx2(t) : NULL;
+        lm_q8a_dot_fn vnni = has_vnni ? lm_q8a_dot_for_vnni(t) : NULL;
+#else
+        lm_q8a_dot_fn avx2 = NULL, vnni = NULL;
+#endif
+        lm_q8a_dot_fn fast = vnni ? vnni : avx2;
         if (!fast) {
             printf("  %-5s no SIMD kernel on this CPU: SKIPPED\n", lm_dtype_name(t));
             continue;
         }
         double worst_simd = 0, worst_quant = 0;
+        bool same_isa = true;
         for (int r = 0; r < ROWS; r++) {
             float scale = r % 4 == 0 ? 100.0f : r % 4 == 1 ? 1e-3f : 1.0f;
             for (int i = 0; i < N; i++) {
@@ -49,11 +59,14 @@ static void test_q8_kernels(void) {
                 mag += fabs((double)wd[i] * x[i]);
             }
             double f = fast(wq, a, N), s = ref(wq, a, N);
+            /* both instruction sets compute the same integers in the same order */
+            if (avx2 && vnni && avx2(wq, a, N) != vnni(wq, a, N)) same_isa = false;
             worst_simd = fmax(worst_simd, fabs(f - s) / mag);
             worst_quant = fmax(worst_quant, fabs(f - exact) / mag);
         }
-        printf("  %-5s SIMD vs scalar %.2e, vs exact f32 %.2e (relative to sum|w*x|)\n", lm_dtype_name(t),
-               worst_simd, worst_quant);
+        printf("  %-5s %s vs scalar %.2e, vs exact f32 %.2e (relative to sum|w*x|)%s\n", lm_dtype_name(t),
+               vnni ? "VNNI" : "AVX2", worst_simd, worst_quant, vnni && avx2 ? ", AVX2 == VNNI bit for bit" : "");
+        CHECK(same_isa);
         CHECK(worst_simd < 1e-5);
         CHECK(worst_quant < 5e-3);
     }

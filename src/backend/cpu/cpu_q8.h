@@ -40,6 +40,11 @@ typedef float (*lm_q8a_dot_fn)(const uint8_t *w, const lm_q8a_block *a, int64_t 
  * caller then dequantizes to f32). */
 lm_q8a_dot_fn lm_q8a_dot_for(lm_dtype type);
 
+/* The kernels of one instruction set (NULL where the type has none or the build
+ * targets another architecture); callers must check the CPU supports it. */
+lm_q8a_dot_fn lm_q8a_dot_for_avx2(lm_dtype type);
+lm_q8a_dot_fn lm_q8a_dot_for_vnni(lm_dtype type);
+
 /* The portable scalar kernel of the same arithmetic (the reference the SIMD kernels
  * are tested against); NULL for types without a kernel. */
 lm_q8a_dot_fn lm_q8a_dot_scalar_for(lm_dtype type);

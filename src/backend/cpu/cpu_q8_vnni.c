@@ -1,0 +1,19 @@
+/* The q8 kernels for AVX-512 VNNI on 256-bit vectors (vpdpbusd: the byte dot
+ * product in one instruction). Same integer results as the AVX2 kernels. */
+#include "backend/cpu/cpu_q8.h"
+
+#if defined(__x86_64__)
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")
+#include <immintrin.h>
+#include <string.h>
+
+static inline __m256i dot_u8_i8(__m256i u, __m256i a) { return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, a); }
+
+#define KSUFFIX vnni
+#include "backend/cpu/cpu_q8_kernels.inc"
+#else
+lm_q8a_dot_fn lm_q8a_dot_for_vnni(lm_dtype type) {
+    (void)type;
+    return NULL;
+}
+#endif
