@@ -8,6 +8,7 @@ int cmd_inspect(int argc, char **argv);  /* tools/cmd_inspect.c  */
 int cmd_run(int argc, char **argv);      /* tools/cmd_run.c      */
 int cmd_tokenize(int argc, char **argv); /* tools/cmd_tokenize.c */
 int cmd_convert(int argc, char **argv);  /* tools/cmd_convert.c  */
+int cmd_bench(int argc, char **argv);    /* tools/cmd_bench.c    */
 int cmd_adapter(int argc, char **argv);  /* tools/cmd_adapter.c  */
 int cmd_fuse(int argc, char **argv);     /* tools/cmd_fuse.c     */
 
