@@ -14,7 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "adapters/hub.h"
+#include "formats/hub.h"
 #include "adapters/lora.h"
 #include "core/error.h"
 #include "formats/gguf.h"

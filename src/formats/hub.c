@@ -1,4 +1,4 @@
-#include "adapters/hub.h"
+#include "formats/hub.h"
 
 #include <dirent.h>
 #include <stdio.h>

@@ -1,16 +1,14 @@
-/* The Hugging Face hub cache layout, as the fuser reads and writes it:
+/* The Hugging Face hub cache layout, as the fuser writes it and every command reads it
+ * (formats/model_store.c resolves repo ids through lm_hub_resolve):
  *
  *   $HF_HUB_CACHE (or $HF_HOME/hub, HF_HOME defaulting to ~/.cache/huggingface)
  *     models--{org}--{name}/refs/main          the snapshot hash of "main"
  *     models--{org}--{name}/snapshots/{hash}/  config.json, *.safetensors, tokenizer files
  *
  * A repo id is "name" or "org/name" made of [A-Za-z0-9._-], no component starting
- * with '.' and no "--" (which the folder name uses as the separator).
- *
- * (Lives with the adapters for now; formats/model_store.c can call it once it moves
- * down to formats/, so that every command resolves repo ids.) */
-#ifndef LM_ADAPTERS_HUB_H
-#define LM_ADAPTERS_HUB_H
+ * with '.' and no "--" (which the folder name uses as the separator). */
+#ifndef LM_FORMATS_HUB_H
+#define LM_FORMATS_HUB_H
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include "core/error.h"
+#include "formats/hub.h"
 
 size_t lm_model_store_home(char *buf, size_t cap) {
     const char *home = getenv("LUMEN_HOME");
@@ -30,12 +31,17 @@ lm_status lm_model_store_resolve(const char *spec, char *buf, size_t cap) {
         if ((size_t)snprintf(buf, cap, "%s", spec) >= cap) return lm_error(LM_ERR_LIMIT, "model path is too long");
         return LM_OK;
     }
-    if (strchr(spec, '/') || strcmp(spec, "..") == 0 || strcmp(spec, ".") == 0)
-        return lm_error(LM_ERR_NOT_FOUND, "model path %s does not exist", spec);
+    if (strchr(spec, '/') || strcmp(spec, "..") == 0 || strcmp(spec, ".") == 0) {
+        /* "org/name": a repo id in the Hugging Face cache layout */
+        if (lm_hub_repo_id_valid(spec) && lm_hub_resolve(spec, buf, cap) == LM_OK) return LM_OK;
+        return lm_error(LM_ERR_NOT_FOUND, "model %s: no such path, and no repo '%s' in the Hugging Face cache", spec,
+                        spec);
+    }
     char home[2048], dir[4096];
     lm_model_store_home(home, sizeof home);
     snprintf(dir, sizeof dir, "%s/models/%s", home, spec);
     DIR *d = opendir(dir);
+    if (!d && lm_hub_repo_id_valid(spec) && lm_hub_resolve(spec, buf, cap) == LM_OK) return LM_OK; /* "name" repo */
     if (!d)
         return lm_error(LM_ERR_NOT_FOUND, "no model '%s': not a path, and not in %s/models (run `lumen pull %s`)",
                         spec, home, spec);

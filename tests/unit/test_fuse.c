@@ -11,7 +11,7 @@
 #pragma GCC diagnostic ignored "-Wformat-truncation" /* scratch paths are short */
 #include "adapters/codec.h"
 #include "adapters/fuse.h"
-#include "adapters/hub.h"
+#include "formats/hub.h"
 #include "test.h"
 #include "test_adapter_util.h"
 #include "tiny_model.h"

@@ -7,7 +7,7 @@
 #pragma GCC diagnostic ignored "-Wformat-truncation" /* scratch paths are short */
 #include "adapters/codec.h"
 #include "adapters/fuse.h"
-#include "adapters/hub.h"
+#include "formats/hub.h"
 #include "formats/model_store.h"
 #include "test.h"
 #include "test_adapter_util.h"
