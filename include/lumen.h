@@ -57,6 +57,328 @@ typedef void (*lm_log_fn)(lm_log_level level, const char *message, void *user_da
  * ERROR to stderr). Not thread-safe against concurrent logging: call it at start-up. */
 void lm_set_log_callback(lm_log_fn fn, void *user_data);
 
+
+/* ==== models ====================================================================
+ *
+ * An lm_model holds the weights, the tokenizer and the chat template of one model.
+ * It is immutable once loaded and may be shared by any number of threads: every
+ * function taking a `const lm_model *` may run concurrently with any other. Forward
+ * passes of different contexts of one model are serialized inside the model (one at
+ * a time, in this version). */
+
+typedef struct lm_model lm_model;
+
+/* How keys and values are stored in a context's KV cache. */
+typedef enum lm_kv_type {
+    LM_KV_DEFAULT = -1, /* context params: the model's; model params: F16         */
+    LM_KV_F16 = 0, /* half the memory and bandwidth; what llama.cpp uses (default) */
+    LM_KV_F32 = 1, /* exact keys and values (reference comparisons)               */
+} lm_kv_type;
+
+typedef struct lm_model_params {
+    const char *backend;   /* "cpu" (the only one in this build; "cuda" is       default "cpu"
+                              LM_ERR_UNSUPPORTED until the CUDA backend lands)
+                              NULL or "" mean "cpu"                                           */
+    int32_t n_threads;     /* >= 0; 0 = the number of online CPUs                default 0   */
+    int32_t n_ctx;         /* >= 0; the context length (tokens) of contexts made default 0
+                              from this model; 0 = the model's trained length,
+                              capped at LM_DEFAULT_N_CTX                                      */
+    uint64_t memory_limit; /* bytes the model may use: weights plus the KV caches default 0
+                              of its live contexts; 0 = no limit. Checked at
+                              load (weights + one context of n_ctx) and at every
+                              lm_context_create: LM_ERR_NO_MEMORY beyond it                   */
+    lm_kv_type kv_type;    /* KV cache storage of its contexts                   default F16 */
+} lm_model_params;
+
+#define LM_DEFAULT_N_CTX 4096
+#define LM_MAX_THREADS 1024
+
+lm_model_params lm_model_default_params(void);
+
+/* Loads a model. `model` is a GGUF file, a Hugging Face folder (config.json +
+ * *.safetensors + tokenizer files), a repo id in the Hugging Face cache layout
+ * ("org/name": $HF_HUB_CACHE or $HF_HOME/hub/models--org--name/snapshots/REV), or a
+ * name fetched by `lumen pull` ($LUMEN_HOME/models/NAME). On success *out owns the
+ * model (free it with lm_model_free, after every context and request made from it).
+ * Errors: LM_ERR_INVALID_ARG (a parameter out of range, named), LM_ERR_NOT_FOUND (no
+ * such model: the sentence says where it looked; or a model without a tokenizer),
+ * LM_ERR_UNSUPPORTED (backend, architecture, weight type), LM_ERR_FORMAT,
+ * LM_ERR_IO, LM_ERR_NO_MEMORY (including the memory limit). */
+lm_status lm_model_load(const char *model, lm_model_params params, lm_model **out);
+void lm_model_free(lm_model *model); /* NULL is a no-op */
+
+/* Facts about a loaded model. Strings are borrowed for the model's lifetime. */
+int32_t lm_model_n_vocab(const lm_model *model);
+int32_t lm_model_n_ctx(const lm_model *model);        /* the resolved params.n_ctx   */
+int32_t lm_model_n_ctx_train(const lm_model *model);  /* what it was trained for      */
+const char *lm_model_path(const lm_model *model);     /* the resolved file or folder  */
+const char *lm_model_arch(const lm_model *model);     /* "llama", "qwen2", "gemma3"   */
+uint64_t lm_model_weight_bytes(const lm_model *model);
+bool lm_model_has_chat_template(const lm_model *model);
+
+/* ==== tokens ==================================================================== */
+
+enum {
+    /* add BOS/EOS as the model asks; a text that already starts with the BOS token's
+     * text (and LM_TOKENIZE_PARSE_SPECIAL) does not get a second one */
+    LM_TOKENIZE_ADD_SPECIAL = 1u << 0,
+    /* control tokens written in the text ("<|im_start|>") become their ids */
+    LM_TOKENIZE_PARSE_SPECIAL = 1u << 1,
+};
+
+enum {
+    LM_DETOKENIZE_REMOVE_SPECIAL = 1u << 0,  /* drop a leading BOS / trailing EOS the model adds */
+    LM_DETOKENIZE_UNPARSE_SPECIAL = 1u << 1, /* render control tokens as their text            */
+};
+
+/* Tokenizes text[0..len) (any bytes). Writes min(needed, cap) ids and sets
+ * *n_tokens = needed; returns LM_OK even when cap was too small (compare). `tokens`
+ * may be NULL when cap is 0. */
+lm_status lm_tokenize(const lm_model *model, const char *text, size_t len, uint32_t flags, int32_t *tokens,
+                      size_t cap, size_t *n_tokens);
+
+/* The text of tokens[0..n). Writes min(needed, cap) bytes, then a NUL if room is
+ * left; *n_bytes = needed (without the NUL). LM_ERR_INVALID_ARG for a bad id. */
+lm_status lm_detokenize(const lm_model *model, const int32_t *tokens, size_t n, uint32_t flags, char *buf,
+                        size_t cap, size_t *n_bytes);
+
+int32_t lm_token_bos(const lm_model *model); /* -1 when the model has none */
+int32_t lm_token_eos(const lm_model *model);
+bool lm_token_is_eog(const lm_model *model, int32_t token); /* EOS, EOT, end-of-turn */
+
+/* ==== chat templates ============================================================ */
+
+typedef struct lm_chat_message {
+    const char *role;    /* "system", "user", "assistant", ... */
+    const char *content; /* NUL-terminated UTF-8               */
+} lm_chat_message;
+
+typedef struct lm_chat_params {
+    bool add_generation_prompt;     /* end with the assistant turn's opening     default true */
+    const char *tools_json;         /* JSON array of tools, or NULL             default NULL */
+    const char *extra_context_json; /* JSON object of extra template variables  default NULL
+                                       ({"enable_thinking": false}); they win              */
+    const char *template_source;    /* a Jinja template to use instead of the   default NULL
+                                       model's own                                         */
+} lm_chat_params;
+
+lm_chat_params lm_chat_default_params(void);
+
+/* Renders a conversation with the model's chat template (tokenizer.chat_template of
+ * the GGUF, chat_template of tokenizer_config.json), byte for byte as transformers'
+ * apply_chat_template would. Output: min(needed, cap) bytes then a NUL if room is
+ * left; *n_bytes = needed (without the NUL); LM_OK even when cap was too small.
+ * Tokenize the result with LM_TOKENIZE_ADD_SPECIAL | LM_TOKENIZE_PARSE_SPECIAL.
+ * LM_ERR_NOT_FOUND when the model has no template (and none is given), LM_ERR_FORMAT
+ * for a template that does not parse or a render error (raise_exception's message). */
+lm_status lm_chat_render(const lm_model *model, const lm_chat_message *messages, size_t n_messages,
+                         lm_chat_params params, char *buf, size_t cap, size_t *n_bytes);
+
+/* Same, with the messages as a JSON array of objects (any fields the template reads:
+ * "role", "content", "tool_calls", ...). */
+lm_status lm_chat_render_json(const lm_model *model, const char *messages_json, lm_chat_params params, char *buf,
+                              size_t cap, size_t *n_bytes);
+
+/* ==== sampling ================================================================== */
+
+/* The seed value that asks for a fresh, unpredictable seed. */
+#define LM_SAMPLING_SEED_RANDOM UINT64_MAX
+
+typedef struct lm_logit_bias {
+    int32_t token; /* in [0, n_vocab)                                */
+    float bias;    /* added to the token's logit; -INFINITY bans it */
+} lm_logit_bias;
+
+/* A logits processor: reads the history (prompt then generated tokens) and rewrites
+ * logits[0..n_vocab) in place, every step, after bias and penalties and before
+ * temperature and the filters. A status other than LM_OK ends the generation with
+ * that error (set a sentence with your own words; lumen supplies one otherwise).
+ * Runs on the thread that advances the request; `history` is valid during the call. */
+typedef lm_status (*lm_logits_processor_fn)(void *user, const int32_t *history, size_t n_history, float *logits,
+                                            size_t n_vocab);
+
+typedef struct lm_logits_processor {
+    lm_logits_processor_fn fn; /* required                                */
+    void *user;                /* passed to fn; must outlive the request  */
+} lm_logits_processor;
+
+/* Builds a processor for one request from the loaded model (its vocabulary, via
+ * lm_detokenize and friends): how a processor that needs the tokenizer (a grammar, a
+ * banned-phrase list) is given once and instantiated per request. `release`, if not
+ * NULL, is called with the built processor when the request is freed. */
+typedef struct lm_logits_processor_factory {
+    lm_status (*build)(void *factory_user, const lm_model *model, lm_logits_processor *out);
+    void (*release)(void *factory_user, lm_logits_processor *built);
+    void *factory_user;
+} lm_logits_processor_factory;
+
+/* Applied in this order each step: logit bias, penalties, processors, then (unless
+ * temperature is 0, greedy: argmax, ties to the lowest id) temperature, top-k, top-p,
+ * min-p and a draw from a counter-based RNG keyed by (seed, step), so the same seed
+ * gives the same tokens whatever runs beside it. */
+typedef struct lm_sampling_params {
+    float temperature;               /* >= 0; 0 = greedy                          default 1 */
+    int32_t top_k;                   /* >= 0; 0 = off                             default 0 */
+    float top_p;                     /* (0, 1]; 1 = off                           default 1 */
+    float min_p;                     /* [0, 1]; 0 = off                           default 0 */
+    float repetition_penalty;        /* > 0; 1 = off                              default 1 */
+    int32_t repetition_context_size; /* >= 0; last N history tokens, 0 = all      default 64 */
+    float presence_penalty;          /* finite, may be negative; 0 = off          default 0 */
+    float frequency_penalty;         /* finite, may be negative; 0 = off          default 0 */
+    const lm_logit_bias *logit_bias; /* n_logit_bias entries; copied at start    default none */
+    size_t n_logit_bias;
+    const lm_logits_processor *processors; /* applied in order; copied at start   default none */
+    size_t n_processors;
+    uint64_t seed;                   /* LM_SAMPLING_SEED_RANDOM = pick one        default random */
+} lm_sampling_params;
+
+/* Temperature 1, no filters, no penalties (OpenAI's defaults), a random seed. */
+lm_sampling_params lm_sampling_default_params(void);
+
+/* LM_OK, or LM_ERR_INVALID_ARG naming the parameter and its value (negative
+ * temperature, top_p outside (0, 1], a bias token outside [0, n_vocab), ...). */
+lm_status lm_sampling_params_validate(const lm_sampling_params *params, size_t n_vocab);
+
+typedef struct lm_token_logprob {
+    int32_t token;
+    float logprob; /* log-softmax of the model's raw logits (before sampling changes) */
+} lm_token_logprob;
+
+/* ==== generation ================================================================
+ *
+ * A context is where a standalone generation runs: a KV cache of n_ctx tokens and
+ * scratch memory for one sequence, used by one request at a time on the caller's
+ * thread. It remembers the tokens it holds, so a request whose prompt starts with
+ * them (the next turn of a chat) computes only the new tokens.
+ *
+ * A request is one generation in flight: start it, then pull steps with
+ * lm_request_next (or hand a callback to lm_generate), and free it. Requests will
+ * also come from the engine (lm_engine_*, a worker thread batching many requests);
+ * lm_request_next / _cancel / _stats / _free work the same on those. */
+
+typedef struct lm_context lm_context;
+typedef struct lm_request lm_request;
+
+typedef struct lm_context_params {
+    int32_t n_ctx;      /* >= 0; 0 = the model's (lm_model_params.n_ctx)   default 0  */
+    lm_kv_type kv_type; /* LM_KV_DEFAULT = the model's                     default LM_KV_DEFAULT */
+} lm_context_params;
+
+lm_context_params lm_context_default_params(void);
+
+/* A context for `model` (borrowed: it must outlive the context). LM_ERR_NO_MEMORY
+ * when the KV cache would exceed the model's memory limit. */
+lm_status lm_context_create(lm_model *model, lm_context_params params, lm_context **out);
+void lm_context_free(lm_context *ctx); /* NULL is a no-op; no request may be live */
+int32_t lm_context_n_ctx(const lm_context *ctx);
+/* Forgets the cached tokens (the next request computes its whole prompt). */
+void lm_context_reset(lm_context *ctx);
+
+typedef enum lm_finish_reason {
+    LM_FINISH_NONE = 0,      /* still going                                         */
+    LM_FINISH_STOP = 1,      /* a stop string matched (its text is not in the output) */
+    LM_FINISH_EOS = 2,       /* the model produced an end-of-generation token       */
+    LM_FINISH_LENGTH = 3,    /* max_tokens reached, or the context is full          */
+    LM_FINISH_CANCELLED = 4, /* lm_request_cancel, or the callback said stop        */
+    LM_FINISH_ERROR = 5,     /* a step failed (lm_request_next returned the error)  */
+} lm_finish_reason;
+
+/* "stop", "eos", "length", "cancelled", "error", "" (none). Never NULL. */
+const char *lm_finish_reason_str(lm_finish_reason reason);
+
+#define LM_MAX_TOP_LOGPROBS 20
+
+typedef struct lm_generate_params {
+    lm_sampling_params sampling;           /* see above                                  */
+    int32_t max_tokens;                    /* >= -1; -1 = until the context is full;     default 256
+                                              0 = generate nothing (finish "length")     */
+    const char *const *stop;               /* n_stop stop strings (UTF-8, not empty),    default none
+                                              matched on the decoded text; copied        */
+    size_t n_stop;
+    bool ignore_eos;                       /* do not stop at end-of-generation tokens    default false */
+    bool logprobs;                         /* report each token's logprob                default false */
+    int32_t top_logprobs;                  /* [0, LM_MAX_TOP_LOGPROBS]: the N most       default 0
+                                              likely tokens at each step                 */
+    lm_logits_processor_factory processor_factory; /* build == NULL: none            default none */
+} lm_generate_params;
+
+lm_generate_params lm_generate_default_params(void);
+
+/* One step of a generation. Every pointer is borrowed from the request and valid
+ * until the next call on it (next, free). */
+typedef struct lm_step {
+    int32_t token;           /* the token generated at this step; -1 for a final step
+                                that carries no token (cancelled, max_tokens 0)        */
+    const char *text;        /* newly final text, NUL-terminated; may be empty: text that
+                                could still become a stop string, or part of a character,
+                                is held back and released by a later step              */
+    size_t text_len;
+    float logprob;           /* the token's logprob if params.logprobs, else 0       */
+    const lm_token_logprob *top_logprobs; /* n_top_logprobs entries, most likely first */
+    size_t n_top_logprobs;
+    lm_finish_reason finish; /* LM_FINISH_NONE, or why this was the last step        */
+} lm_step;
+
+/* Statistics of one request. Every rate is 0 when it cannot be measured (no tokens,
+ * no measurable time): never NaN, never infinite. */
+typedef struct lm_stats {
+    int64_t n_prompt_tokens;    /* tokens in the prompt                                 */
+    int64_t n_cached_tokens;    /* of those, reused from the context's cache           */
+    int64_t n_generated_tokens; /* tokens generated (an end token included)            */
+    double prompt_s;            /* time computing the prompt                           */
+    double ttft_s;              /* from lm_request_start to the first token            */
+    double generation_s;        /* from the first token to the last                    */
+    double total_s;             /* from lm_request_start to the last step              */
+    double prompt_tps;          /* computed prompt tokens / prompt_s                   */
+    double generation_tps;      /* tokens after the first / generation_s               */
+    uint64_t peak_rss_bytes;    /* the process's peak resident memory so far           */
+    uint64_t kv_cache_bytes;    /* the context's KV cache                              */
+    lm_finish_reason finish;    /* LM_FINISH_NONE while running                        */
+} lm_stats;
+
+/* Starts a generation of `prompt[0..n_prompt)` (tokens, e.g. from lm_tokenize) in
+ * `ctx`. Checks everything up front: LM_ERR_INVALID_ARG for an empty prompt, a token
+ * outside the vocabulary or an invalid parameter (the sentence names it);
+ * LM_ERR_LIMIT for a prompt that leaves no room in the context (n_prompt >= n_ctx);
+ * LM_ERR_INVALID_ARG when ctx already has a live request. The prompt and the stop
+ * strings are copied; no model work happens until the first lm_request_next. */
+lm_status lm_request_start(lm_context *ctx, const int32_t *prompt, size_t n_prompt, const lm_generate_params *params,
+                           lm_request **out);
+
+/* Advances the request by one token and describes the step. LM_OK with
+ * step->finish == LM_FINISH_NONE: more will come; with another reason: this was the
+ * last step (later calls return LM_OK, no token, empty text and the same reason).
+ * An error status (a failed forward pass, a processor's error) ends the request
+ * (finish LM_FINISH_ERROR). */
+lm_status lm_request_next(lm_request *req, lm_step *step);
+
+/* Asks the request to stop; safe from any thread, at any time (before the first
+ * next, during a step, after the end). The next step (or the current one, if a
+ * prompt is being computed) ends with LM_FINISH_CANCELLED, releasing held text. */
+void lm_request_cancel(lm_request *req);
+
+/* Statistics so far (final once a step had a finish reason). */
+lm_status lm_request_stats(const lm_request *req, lm_stats *stats);
+
+/* Ends the request (cancelling it if running) and frees it; the context keeps the
+ * tokens it computed for the next request. NULL is a no-op. */
+void lm_request_free(lm_request *req);
+
+/* Receives each step; return false to stop (the generation then ends cancelled, and
+ * no further step is delivered). */
+typedef bool (*lm_step_fn)(const lm_step *step, void *user_data);
+
+/* The callback form: start, call `on_step` for every step (the last one has
+ * finish != LM_FINISH_NONE), free. `stats` (may be NULL) receives the statistics,
+ * also on error. `on_step` may be NULL (run to the end; see stats). */
+lm_status lm_generate(lm_context *ctx, const int32_t *prompt, size_t n_prompt, const lm_generate_params *params,
+                      lm_step_fn on_step, void *user_data, lm_stats *stats);
+
+/* Computes the rates of `stats` from its counts and times (what lm_request_stats
+ * does): prompt_tps = (n_prompt - n_cached) / prompt_s, generation_tps =
+ * (n_generated - 1) / generation_s, 0 where a count or time is 0 or not finite. */
+void lm_stats_update_rates(lm_stats *stats);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,236 +1,223 @@
-/* lumen run [MODEL] -p PROMPT: greedy generation from a prompt, streamed to stdout.
- *
- * The prompt is wrapped in the model's chat template (from the GGUF) unless --raw.
- * Sampling options, JSON output and the engine come with the generation API; this
- * command is the plain path through tokenizer, forward pass and detokenizer. */
-#include <cjson/cJSON.h>
+/* lumen run [MODEL] -p PROMPT: one generation, streamed to stdout, over the public
+ * API (lumen.h). The prompt goes through the model's chat template unless --raw.
+ * --json prints one JSON object per token and then a final one; --json-final only
+ * the final one (the text, the finish reason and the statistics). Ctrl-C stops the
+ * generation (what was generated is kept, the statistics are printed). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-#include "backend/backend.h"
 #include "commands.h"
-#include "formats/gguf.h"
-#include "formats/model_store.h"
-#include "model/forward.h"
-#include "tokenizer/template/template.h"
-#include "tokenizer/tokenizer.h"
+#include "gen_options.h"
+
+#define RUN_TEMPERATURE 0.0f
+#define RUN_MAX_TOKENS 256
 
 typedef struct run_opts {
-    const char *model, *prompt, *system;
-    int max_tokens, threads, ctx;
-    bool raw;
+    gen_options g;
+    const char *prompt;
+    bool raw, json, json_final, no_stats;
+    int top_logprobs;
 } run_opts;
 
 static void usage(FILE *f) {
     fprintf(f,
             "usage: lumen run [MODEL] -p PROMPT [options]\n"
-            "  MODEL              a .gguf file or a name from `lumen pull` (default: smollm2-135m)\n"
-            "  -p, --prompt TEXT  the user message (required)\n"
-            "  -s, --system TEXT  a system message (default: none)\n"
-            "  -n, --max-tokens N tokens to generate at most (default: 128)\n"
-            "  -t, --threads N    CPU threads (default: 2)\n"
-            "  -c, --ctx N        context length in tokens (default: 4096)\n"
-            "  --raw              feed the prompt as is, without the chat template (default: off)\n");
+            "  -p, --prompt TEXT         the user message, or with --raw the whole prompt (required)\n"
+            "  --raw                     feed the prompt as is, without the chat template; control tokens\n"
+            "                            written in it (<|im_start|>) are parsed (default: off)\n"
+            "  --json                    print one JSON object per token, then a final object with the\n"
+            "                            text, finish reason and statistics (default: off, plain text)\n"
+            "  --json-final              print only the final JSON object (default: off)\n"
+            "  --logprobs N              with --json: the N most likely tokens at each step, 0-%d (default: 0)\n"
+            "  --no-stats                do not print the statistics line to stderr (default: printed)\n",
+            LM_MAX_TOP_LOGPROBS);
+    gen_options_usage(f, RUN_TEMPERATURE, RUN_MAX_TOKENS);
 }
 
-static bool parse_int(const char *s, int lo, int hi, int *out) {
-    char *end;
-    long v = strtol(s, &end, 10);
-    if (!*s || *end || v < lo || v > hi) return false;
-    *out = (int)v;
-    return true;
-}
-
+/* 0: go on; otherwise the exit code + 1 */
 static int parse_args(int argc, char **argv, run_opts *o) {
-    *o = (run_opts){.model = "smollm2-135m", .max_tokens = 128, .threads = 2, .ctx = 4096};
+    memset(o, 0, sizeof *o);
+    gen_options_init(&o->g, RUN_TEMPERATURE, RUN_MAX_TOKENS);
     bool model_set = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        bool has_value = true;
+        int r = gen_options_parse(&o->g, argc, argv, &i, "run");
+        if (r < 0) return 3;
+        if (r > 0) continue;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
-            return 0;
+            return 1;
         } else if (!strcmp(a, "--raw")) {
             o->raw = true;
-            has_value = false;
-        } else if ((!strcmp(a, "-p") || !strcmp(a, "--prompt")) && v)
-            o->prompt = v;
-        else if ((!strcmp(a, "-s") || !strcmp(a, "--system")) && v)
-            o->system = v;
-        else if ((!strcmp(a, "-n") || !strcmp(a, "--max-tokens")) && v) {
-            if (!parse_int(v, 1, 1 << 20, &o->max_tokens)) goto bad_value;
-        } else if ((!strcmp(a, "-t") || !strcmp(a, "--threads")) && v) {
-            if (!parse_int(v, 1, 1024, &o->threads)) goto bad_value;
-        } else if ((!strcmp(a, "-c") || !strcmp(a, "--ctx")) && v) {
-            if (!parse_int(v, 16, 1 << 22, &o->ctx)) goto bad_value;
+        } else if (!strcmp(a, "--json")) {
+            o->json = true;
+        } else if (!strcmp(a, "--json-final")) {
+            o->json_final = true;
+        } else if (!strcmp(a, "--no-stats")) {
+            o->no_stats = true;
+        } else if ((!strcmp(a, "-p") || !strcmp(a, "--prompt")) && i + 1 < argc) {
+            o->prompt = argv[++i];
+        } else if (!strcmp(a, "--logprobs") && i + 1 < argc) {
+            char *end;
+            long v = strtol(argv[++i], &end, 10);
+            if (!*argv[i] || *end || v < 0 || v > LM_MAX_TOP_LOGPROBS) {
+                fprintf(stderr, "lumen run: invalid value for --logprobs: '%s' (0-%d)\n", argv[i],
+                        LM_MAX_TOP_LOGPROBS);
+                return 3;
+            }
+            o->top_logprobs = (int)v;
         } else if (a[0] != '-' && !model_set) {
-            o->model = a;
+            o->g.model = a;
             model_set = true;
-            has_value = false;
         } else {
-            fprintf(stderr, "lumen run: unknown option or missing value: %s\n", a);
-            usage(stderr);
-            return 2;
+            fprintf(stderr, "lumen run: unknown option or missing value: %s (see lumen run --help)\n", a);
+            return 3;
         }
-        if (has_value) i++;
-        continue;
-    bad_value:
-        fprintf(stderr, "lumen run: invalid value for %s: %s\n", a, v);
-        return 2;
     }
     if (!o->prompt) {
-        fprintf(stderr, "lumen run: a prompt is required (-p TEXT)\n");
-        usage(stderr);
-        return 2;
+        fprintf(stderr, "lumen run: a prompt is required (-p TEXT; see lumen run --help)\n");
+        return 3;
     }
-    return -1; /* go on */
+    if (o->json && o->json_final) {
+        fprintf(stderr, "lumen run: --json and --json-final exclude each other\n");
+        return 3;
+    }
+    if (o->json) {
+        o->g.gen.logprobs = true;
+        o->g.gen.top_logprobs = o->top_logprobs;
+    }
+    return 0;
 }
 
-/* The chat template applied to [system?, user]. Returns malloc'd text or NULL. */
-static char *render_chat(const lm_gguf *g, const lm_tokenizer *tok, const run_opts *o) {
-    const char *src;
-    size_t len;
-    if (lm_gguf_get_str(g, "tokenizer.chat_template", &src, &len) != LM_OK) {
-        fprintf(stderr, "lumen run: the model has no chat template; use --raw\n");
-        return NULL;
+/* The prompt's tokens: the chat template applied to [system?, user] unless raw. */
+static int prompt_tokens(const lm_model *model, const run_opts *o, int32_t **ids, size_t *n) {
+    char *text = NULL;
+    size_t len = 0;
+    if (o->raw) {
+        text = strdup(o->prompt);
+        len = strlen(o->prompt);
+    } else {
+        lm_chat_message msgs[2];
+        size_t k = 0;
+        if (o->g.system) msgs[k++] = (lm_chat_message){"system", o->g.system};
+        msgs[k++] = (lm_chat_message){"user", o->prompt};
+        lm_chat_params cp = lm_chat_default_params();
+        if (lm_chat_render(model, msgs, k, cp, NULL, 0, &len) == LM_OK && (text = malloc(len + 1)) &&
+            lm_chat_render(model, msgs, k, cp, text, len + 1, &len) != LM_OK) {
+            free(text);
+            text = NULL;
+        }
+        if (!text) {
+            fprintf(stderr, "lumen run: %s%s\n", lm_last_error(),
+                    lm_model_has_chat_template(model) ? "" : " (or pass --raw)");
+            return 1;
+        }
     }
-    lm_template *t = NULL;
-    if (lm_template_parse(src, len, &t) != LM_OK) {
-        fprintf(stderr, "lumen run: chat template: %s\n", lm_last_error());
-        return NULL;
-    }
-    cJSON *msgs = cJSON_CreateArray();
-    if (o->system) {
-        cJSON *m = cJSON_CreateObject();
-        cJSON_AddStringToObject(m, "role", "system");
-        cJSON_AddStringToObject(m, "content", o->system);
-        cJSON_AddItemToArray(msgs, m);
-    }
-    cJSON *m = cJSON_CreateObject();
-    cJSON_AddStringToObject(m, "role", "user");
-    cJSON_AddStringToObject(m, "content", o->prompt);
-    cJSON_AddItemToArray(msgs, m);
-    char *json = cJSON_PrintUnformatted(msgs);
-    cJSON_Delete(msgs);
-    char bos[256] = "", eos[256] = "";
-    size_t n;
-    const char *s;
-    if (lm_tokenizer_bos(tok) >= 0 && (s = lm_tokenizer_token_text(tok, lm_tokenizer_bos(tok), &n)) && n < sizeof bos)
-        memcpy(bos, s, n), bos[n] = '\0';
-    if (lm_tokenizer_eos(tok) >= 0 && (s = lm_tokenizer_token_text(tok, lm_tokenizer_eos(tok), &n)) && n < sizeof eos)
-        memcpy(eos, s, n), eos[n] = '\0';
-    char *out = NULL;
-    size_t out_len;
-    if (lm_template_render_chat(t, json, NULL, true, bos, eos, NULL, &out, &out_len) != LM_OK)
-        fprintf(stderr, "lumen run: chat template: %s\n", lm_last_error());
-    free(json);
-    lm_template_free(t);
-    return out;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int generate(lm_model_internal *m, lm_tokenizer *tok, const int32_t *prompt, size_t n_prompt,
-                    const run_opts *o) {
-    int64_t V = m->hp.n_vocab;
-    if ((int64_t)n_prompt + o->max_tokens > o->ctx) {
-        fprintf(stderr, "lumen run: prompt (%zu tokens) + max tokens (%d) exceed the context (%d); use --ctx\n",
-                n_prompt, o->max_tokens, o->ctx);
-        return 1;
-    }
-    lm_kv_cache *kv = NULL;
-    lm_detok_stream *ds = NULL;
-    float *logits = malloc(sizeof(float) * (size_t)V);
-    int32_t *pos = malloc(sizeof(int32_t) * n_prompt), *seq = calloc(n_prompt, sizeof(int32_t));
+    if (!text) return 1;
+    uint32_t flags = LM_TOKENIZE_ADD_SPECIAL | LM_TOKENIZE_PARSE_SPECIAL;
     int rc = 1;
-    if (!logits || !pos || !seq || lm_kv_cache_for_model(m, o->ctx, 1, LM_DTYPE_F16, &kv) ||
-        lm_detok_stream_create(tok, true, false, &ds))
-        goto done;
-    for (size_t i = 0; i < n_prompt; i++) pos[i] = (int32_t)i;
-    double t0 = now_s();
-    lm_batch batch = {(int64_t)n_prompt, prompt, pos, seq, NULL};
-    if (lm_forward(m, kv, &batch, logits)) goto done;
-    double t1 = now_s();
-    int n_gen = 0;
-    for (; n_gen < o->max_tokens; n_gen++) {
-        int32_t best = 0;
-        for (int64_t i = 1; i < V; i++)
-            if (logits[i] > logits[best]) best = (int32_t)i;
-        if (lm_tokenizer_is_eog(tok, best)) break;
-        const char *text;
-        size_t len;
-        if (lm_detok_stream_push(ds, best, &text, &len)) goto done;
-        fwrite(text, 1, len, stdout);
-        fflush(stdout);
-        int32_t p = (int32_t)(n_prompt + (size_t)n_gen), s0 = 0;
-        lm_batch step = {1, &best, &p, &s0, NULL};
-        if (lm_forward(m, kv, &step, logits)) goto done;
-    }
-    const char *text;
-    size_t len;
-    if (lm_detok_stream_finish(ds, &text, &len) == LM_OK) fwrite(text, 1, len, stdout);
-    double t2 = now_s();
-    printf("\n");
-    fprintf(stderr, "[prompt %zu tokens, %.1f tok/s | generated %d tokens, %.1f tok/s]\n", n_prompt,
-            (double)n_prompt / (t1 - t0 > 1e-9 ? t1 - t0 : 1e-9), n_gen,
-            n_gen / (t2 - t1 > 1e-9 ? t2 - t1 : 1e-9));
-    rc = 0;
-done:
-    if (rc) fprintf(stderr, "lumen run: %s\n", lm_last_error());
-    lm_detok_stream_free(ds);
-    lm_kv_cache_free(kv);
-    free(logits), free(pos), free(seq);
+    if (lm_tokenize(model, text, len, flags, NULL, 0, n) == LM_OK && (*ids = malloc(sizeof(int32_t) * (*n + 1))) &&
+        lm_tokenize(model, text, len, flags, *ids, *n, n) == LM_OK)
+        rc = 0;
+    else
+        fprintf(stderr, "lumen run: %s\n", lm_last_error());
+    free(text);
     return rc;
+}
+
+static void json_token(const lm_model *model, const lm_step *s) {
+    printf("{\"token\": %d, \"text\": ", s->token);
+    gen_json_string(stdout, s->text, s->text_len);
+    if (s->token >= 0) printf(", \"logprob\": %.6f", (double)s->logprob);
+    if (s->n_top_logprobs) {
+        printf(", \"top_logprobs\": [");
+        for (size_t i = 0; i < s->n_top_logprobs; i++) {
+            char piece[256];
+            size_t n = 0;
+            if (lm_detokenize(model, &s->top_logprobs[i].token, 1, 0, piece, sizeof piece, &n) != LM_OK) n = 0;
+            printf("%s{\"token\": %d, \"logprob\": %.6f, \"text\": ", i ? ", " : "", s->top_logprobs[i].token,
+                   (double)s->top_logprobs[i].logprob);
+            gen_json_string(stdout, piece, n < sizeof piece ? n : sizeof piece);
+            printf("}");
+        }
+        printf("]");
+    }
+    if (s->finish) printf(", \"finish_reason\": \"%s\"", lm_finish_reason_str(s->finish));
+    printf("}\n");
+    fflush(stdout);
 }
 
 int cmd_run(int argc, char **argv) {
     run_opts o;
     int rc = parse_args(argc, argv, &o);
-    if (rc >= 0) return rc;
-    char path[4096];
-    lm_backend *b = NULL;
-    lm_model_internal *m = NULL;
-    lm_tokenizer *tok = NULL;
-    char *text = NULL;
+    if (rc) return rc - 1;
+    lm_model *model = NULL;
+    lm_context *ctx = NULL;
+    lm_request *req = NULL;
     int32_t *ids = NULL;
     size_t n_ids = 0;
+    char *all = NULL;
+    size_t all_len = 0, all_cap = 0;
     rc = 1;
-    if (lm_model_store_resolve(o.model, path, sizeof path) || lm_backend_cpu_create(o.threads, &b) ||
-        lm_model_internal_load(path, b, &m)) {
+    if (gen_load_model(&o.g, "run", &model) || prompt_tokens(model, &o, &ids, &n_ids)) goto done;
+    if (lm_context_create(model, lm_context_default_params(), &ctx) != LM_OK ||
+        lm_request_start(ctx, ids, n_ids, &o.g.gen, &req) != LM_OK) {
         fprintf(stderr, "lumen run: %s\n", lm_last_error());
         goto done;
     }
-    if (!m->gguf) {
-        fprintf(stderr, "lumen run: %s: tokenizers of Hugging Face folders are not supported yet\n", path);
-        goto done;
+    gen_sigint_install();
+    gen_sigint_watch(req);
+    lm_step s;
+    for (;;) {
+        if (lm_request_next(req, &s) != LM_OK) {
+            gen_sigint_watch(NULL);
+            fprintf(stderr, "\nlumen run: %s\n", lm_last_error());
+            goto done;
+        }
+        if (o.json) {
+            if (s.token >= 0 || s.text_len) json_token(model, &s);
+        } else if (o.json_final) {
+            if (all_len + s.text_len + 1 > all_cap) {
+                all_cap = (all_len + s.text_len + 1) * 2;
+                char *t = realloc(all, all_cap);
+                if (!t) {
+                    fprintf(stderr, "lumen run: out of memory\n");
+                    goto done;
+                }
+                all = t;
+            }
+            memcpy(all + all_len, s.text, s.text_len);
+            all_len += s.text_len;
+        } else {
+            fwrite(s.text, 1, s.text_len, stdout);
+            fflush(stdout);
+        }
+        if (s.finish) break;
     }
-    if (lm_tokenizer_from_gguf(m->gguf, &tok)) {
-        fprintf(stderr, "lumen run: %s\n", lm_last_error());
-        goto done;
+    gen_sigint_watch(NULL);
+    lm_stats st;
+    lm_request_stats(req, &st);
+    if (o.json || o.json_final) {
+        printf("{\"finish_reason\": \"%s\"", lm_finish_reason_str(st.finish));
+        if (o.json_final) {
+            printf(", \"text\": ");
+            gen_json_string(stdout, all ? all : "", all_len);
+        }
+        printf(", \"stats\": ");
+        gen_json_stats(stdout, &st);
+        printf("}\n");
+    } else {
+        printf("\n");
     }
-    text = o.raw ? strdup(o.prompt) : render_chat(m->gguf, tok, &o);
-    if (!text) goto done;
-    /* a template that writes the BOS token itself must not get a second one */
-    size_t bos_len = 0;
-    const char *bos = lm_tokenizer_bos(tok) >= 0 ? lm_tokenizer_token_text(tok, lm_tokenizer_bos(tok), &bos_len) : NULL;
-    bool add_special = !(bos && bos_len && strncmp(text, bos, bos_len) == 0);
-    if (lm_tokenizer_encode_alloc(tok, text, strlen(text), add_special, true, &ids, &n_ids) || n_ids == 0) {
-        fprintf(stderr, "lumen run: %s\n", n_ids == 0 ? "the prompt is empty" : lm_last_error());
-        goto done;
-    }
-    rc = generate(m, tok, ids, n_ids, &o);
+    fflush(stdout);
+    if (!o.no_stats && !o.json && !o.json_final) gen_print_stats(stderr, &st);
+    rc = 0;
 done:
+    lm_request_free(req);
+    lm_context_free(ctx);
+    lm_model_free(model);
     free(ids);
-    free(text);
-    lm_tokenizer_free(tok);
-    lm_model_internal_free(m);
-    lm_backend_free(b);
+    free(all);
     return rc;
 }

@@ -6,6 +6,7 @@
 int cmd_pull(int argc, char **argv);     /* tools/cmd_pull.c     */
 int cmd_inspect(int argc, char **argv);  /* tools/cmd_inspect.c  */
 int cmd_run(int argc, char **argv);      /* tools/cmd_run.c      */
+int cmd_chat(int argc, char **argv);     /* tools/cmd_chat.c     */
 int cmd_tokenize(int argc, char **argv); /* tools/cmd_tokenize.c */
 int cmd_convert(int argc, char **argv);  /* tools/cmd_convert.c  */
 int cmd_bench(int argc, char **argv);    /* tools/cmd_bench.c    */

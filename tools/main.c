@@ -12,7 +12,8 @@ static const struct {
 } k_commands[] = {
     {"pull", cmd_pull, "download a model into the local store (default: smollm2-135m)"},
     {"inspect", cmd_inspect, "show a model's architecture, hyperparameters and tensors"},
-    {"run", cmd_run, "generate text from a prompt"},
+    {"run", cmd_run, "generate text from a prompt (streamed; sampling options; --json)"},
+    {"chat", cmd_chat, "chat interactively with a model (multi-turn; /reset, /exit)"},
     {"tokenize", cmd_tokenize, "show the token ids and pieces of a text"},
     {"convert", cmd_convert, "rewrite a GGUF with unquantized (f32/f16) weights"},
     {"bench", cmd_bench, "measure prompt-processing and generation speed"},

@@ -68,49 +68,9 @@
 
 #include "lumen.h"
 
-/* The seed value that asks lm_sampler_create for a fresh, unpredictable seed
- * (time, address and a process counter, mixed); lm_sampler_seed() tells which. */
-#define LM_SAMPLING_SEED_RANDOM UINT64_MAX
-
-typedef struct lm_logit_bias {
-    int32_t token; /* in [0, n_vocab)                                  */
-    float bias;    /* added to the token's logit; -INFINITY bans it  */
-} lm_logit_bias;
-
-/* A user logits processor: may read the history (prompt then generated tokens,
- * n_history of them) and rewrite logits[0..n_vocab) in place. Returning anything
- * other than LM_OK aborts the sampling step with that status; the processor should
- * set an error sentence with lm_error() (the sampler prefixes it with the processor's
- * index, and supplies one if the processor left none). Called on the sampler's
- * thread. `history` is never NULL (even when n_history is 0) and is valid only
- * during the call. */
-typedef lm_status (*lm_logits_processor_fn)(void *user, const int32_t *history, size_t n_history,
-                                            float *logits, size_t n_vocab);
-
-typedef struct lm_logits_processor {
-    lm_logits_processor_fn fn; /* required                                   */
-    void *user;                /* passed to fn; must outlive the sampler     */
-} lm_logits_processor;
-
-typedef struct lm_sampling_params {
-    float temperature;               /* >= 0; 0 = greedy                          default 1 */
-    int32_t top_k;                   /* >= 0; 0 = off                             default 0 */
-    float top_p;                     /* (0, 1]; 1 = off                           default 1 */
-    float min_p;                     /* [0, 1]; 0 = off                           default 0 */
-    float repetition_penalty;        /* > 0; 1 = off                              default 1 */
-    int32_t repetition_context_size; /* >= 0; last N history tokens, 0 = all      default 64 */
-    float presence_penalty;          /* finite, may be negative; 0 = off          default 0 */
-    float frequency_penalty;         /* finite, may be negative; 0 = off          default 0 */
-    const lm_logit_bias *logit_bias; /* n_logit_bias entries; copied at create   default none */
-    size_t n_logit_bias;
-    const lm_logits_processor *processors; /* applied in order; copied at create  default none */
-    size_t n_processors;
-    uint64_t seed;                   /* LM_SAMPLING_SEED_RANDOM = pick one        default random */
-} lm_sampling_params;
-
-/* The defaults above: the model's own distribution (temperature 1, no filters, no
- * penalties — OpenAI's defaults) with a random seed. */
-lm_sampling_params lm_sampling_default_params(void);
+/* The parameter types (lm_sampling_params, lm_logit_bias, lm_logits_processor,
+ * LM_SAMPLING_SEED_RANDOM, lm_token_logprob) and lm_sampling_default_params() are
+ * public: include/lumen.h, section "sampling". */
 
 /* LM_OK, or LM_ERR_INVALID_ARG with a sentence naming the parameter and its value:
  * temperature negative or not finite, top_k < 0, top_p outside (0, 1], min_p outside
@@ -157,10 +117,6 @@ lm_status lm_sampler_distribution(lm_sampler *s, const float *logits, size_t n_v
 
 /* ---- log-probabilities reported to users ---------------------------------------- */
 
-typedef struct lm_token_logprob {
-    int32_t token;
-    float logprob;
-} lm_token_logprob;
 
 /* Log-probabilities of the model's raw distribution, log_softmax(logits) — before
  * bias, penalties, processors, temperature and filters — which is what OpenAI's
