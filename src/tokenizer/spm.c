@@ -106,8 +106,7 @@ lm_status lm_spm_encode(const lm_vocab *v, const char *text, size_t len, lm_ivec
     }
     size_t ns = 0;
     for (size_t off = 0; off < esc.n;) {
-        size_t n = lm_utf8_len((uint8_t)esc.p[off]);
-        if (n > esc.n - off) n = esc.n - off;
+        size_t n = lm_utf8_char_len(esc.p + off, esc.n - off);
         sym *s = &c.syms[ns];
         s->off = (uint32_t)off;
         s->n = (uint32_t)n;

@@ -154,4 +154,15 @@ static inline size_t lm_utf8_len(uint8_t c) {
     return lens[c >> 4];
 }
 
+/* Length of the character at s[0..n) (n > 0): the announced length when the lead byte is
+ * followed by that many continuation bytes, else 1 — so invalid bytes stand alone and
+ * survive byte fallback. */
+static inline size_t lm_utf8_char_len(const char *s, size_t n) {
+    size_t k = lm_utf8_len((uint8_t)s[0]);
+    if (k == 1 || k > n) return 1;
+    for (size_t i = 1; i < k; i++)
+        if (((uint8_t)s[i] & 0xC0) != 0x80) return 1;
+    return k;
+}
+
 #endif

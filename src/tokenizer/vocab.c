@@ -355,26 +355,58 @@ static bool add_eog(lm_vocab *v, int32_t id) {
 
 static int32_t find_str(const lm_vocab *v, const char *s) { return lm_vocab_find(v, s, strlen(s)); }
 
-/* Tokens llama.cpp recognises by text: end-of-turn / end-of-generation markers and
- * fill-in-the-middle markers. They become control tokens. */
+/* Tokens llama.cpp recognises by text (as of the reference, llama-cpp-python 0.3.36):
+ * end-of-turn / end-of-generation markers and fill-in-the-middle markers. They become
+ * control tokens (the bit is added to what the vocabulary says). */
+#define FW_BAR "\xef\xbd\x9c"  /* U+FF5C, DeepSeek's fullwidth bar */
+#define SP_LOW "\xe2\x96\x81"  /* U+2581 */
 static const char *const k_eot_texts[] = {
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-    "<|end_of_text|>", "<EOT>", "_<EOT>", "<\xef\xbd\x9c" "end\xe2\x96\x81" "of\xe2\x96\x81" "sentence\xef\xbd\x9c>",
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
+    "<EOT>", "_<EOT>", "[EOT]", "<" FW_BAR "end" SP_LOW "of" SP_LOW "sentence" FW_BAR ">",
     "<end_of_utterance>", NULL};
 static const char *const k_eog_texts[] = {
     "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
-    "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>",
-    "<\xef\xbd\x9c" "end\xe2\x96\x81" "of\xe2\x96\x81" "sentence\xef\xbd\x9c>", "<end_of_utterance>", NULL};
-static const char *const k_fim_texts[] = {
-    "<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<PRE>", "\xe2\x96\x81<PRE>", "<|code_prefix|>",
-    "<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<SUF>", "\xe2\x96\x81<SUF>", "<|code_suffix|>",
-    "<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<MID>", "\xe2\x96\x81<MID>", "<|code_middle|>",
-    "<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<|fim_repo|>", "<|repo_name|>", "<fim-repo>",
-    "<REPO>", "<reponame>", "<|file_sep|>", NULL};
+    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+    "<" FW_BAR "end" SP_LOW "of" SP_LOW "sentence" FW_BAR ">", "[e~[", NULL};
+/* one token per FIM role (the first of its list found); pad, repo and file separator
+ * also end generation */
+static const char *const k_fim_pre[] = {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>",
+    "<" FW_BAR "fim" SP_LOW "begin" FW_BAR ">", "<PRE>", SP_LOW "<PRE>", "<|code_prefix|>", "<|prefix|>", NULL};
+static const char *const k_fim_suf[] = {"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>",
+    "<" FW_BAR "fim" SP_LOW "hole" FW_BAR ">", "<SUF>", SP_LOW "<SUF>", "<|code_suffix|>", "<|suffix|>", NULL};
+static const char *const k_fim_mid[] = {"<|fim_middle|>", "<fim-middle>", "<fim_middle>",
+    "<" FW_BAR "fim" SP_LOW "end" FW_BAR ">", "<MID>", SP_LOW "<MID>", "<|code_middle|>", "<|middle|>", NULL};
+static const char *const k_fim_pad[] = {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]", NULL};
+static const char *const k_fim_rep[] = {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>", NULL};
+static const char *const k_fim_sep[] = {"<|file_sep|>", NULL};
 
 static void mark_control(lm_vocab *v, int32_t id) {
-    if (id >= 0 && !(v->tok[id].attr & LM_TOKEN_ATTR_CONTROL))
-        v->tok[id].attr = LM_TOKEN_ATTR_CONTROL;
+    if (id >= 0) v->tok[id].attr |= LM_TOKEN_ATTR_CONTROL;
+}
+
+static int32_t first_found(const lm_vocab *v, const char *const *texts) {
+    for (size_t i = 0; texts[i]; i++) {
+        int32_t id = lm_vocab_find(v, texts[i], strlen(texts[i]));
+        if (id >= 0) return id;
+    }
+    return LM_TOKEN_NULL;
+}
+
+static void remove_eog(lm_vocab *v, int32_t id) {
+    for (size_t i = 0; i < v->n_eog; i++) {
+        if (v->eog[i] == id) {
+            memmove(v->eog + i, v->eog + i + 1, (v->n_eog - i - 1) * sizeof *v->eog);
+            v->n_eog--;
+            return;
+        }
+    }
+}
+
+static bool is_eog(const lm_vocab *v, int32_t id) {
+    for (size_t i = 0; i < v->n_eog; i++)
+        if (v->eog[i] == id) return true;
+    return false;
 }
 
 static bool name_has(const lm_vocab_desc *d, const char *needle) {
@@ -397,26 +429,58 @@ static int cmp_special(const void *a, const void *b, void *ctx) {
 }
 
 static lm_status build_specials(lm_vocab *v, const lm_vocab_desc *d) {
+    if (v->eot == LM_TOKEN_NULL) v->eot = first_found(v, k_eot_texts);
+    mark_control(v, v->eot);
+    if (v->eom == LM_TOKEN_NULL) v->eom = find_str(v, "<|eom_id|>");
+    mark_control(v, v->eom);
+    mark_control(v, first_found(v, k_fim_pre));
+    mark_control(v, first_found(v, k_fim_suf));
+    mark_control(v, first_found(v, k_fim_mid));
+    const char *const *fim_eog[] = {k_fim_pad, k_fim_rep, k_fim_sep};
+    for (size_t i = 0; i < 3; i++) {
+        int32_t id = first_found(v, fim_eog[i]);
+        mark_control(v, id);
+        if (!add_eog(v, id)) return lm_error(LM_ERR_NO_MEMORY, "tokenizer: out of memory");
+    }
+    for (size_t i = 0; k_eog_texts[i]; i++) {
+        int32_t id = find_str(v, k_eog_texts[i]);
+        if (id < 0) continue;
+        mark_control(v, id);
+        if (!add_eog(v, id)) return lm_error(LM_ERR_NO_MEMORY, "tokenizer: out of memory");
+    }
     /* gpt-oss: these are always rendered, so they are user-defined */
     static const char *const always[] = {"<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"};
     for (size_t i = 0; i < 4; i++) {
         int32_t id = find_str(v, always[i]);
         if (id >= 0) v->tok[id].attr = LM_TOKEN_ATTR_USER_DEFINED;
     }
-    if (v->eot == LM_TOKEN_NULL) {
-        for (size_t i = 0; k_eot_texts[i] && v->eot == LM_TOKEN_NULL; i++) v->eot = find_str(v, k_eot_texts[i]);
-    }
-    mark_control(v, v->eot);
-    if (v->eom == LM_TOKEN_NULL) v->eom = find_str(v, "<|eom_id|>");
-    mark_control(v, v->eom);
-    for (size_t i = 0; k_fim_texts[i]; i++) mark_control(v, find_str(v, k_fim_texts[i]));
     if (!add_eog(v, v->eos) || !add_eog(v, v->eot) || !add_eog(v, v->eom))
         return lm_error(LM_ERR_NO_MEMORY, "tokenizer: out of memory");
-    for (size_t i = 0; k_eog_texts[i]; i++) {
-        int32_t id = find_str(v, k_eog_texts[i]);
-        if (id < 0) continue;
-        mark_control(v, id);
-        if (!add_eog(v, id)) return lm_error(LM_ERR_NO_MEMORY, "tokenizer: out of memory");
+    /* harmony / solar-open: "<|end|>" ends a message, not the generation */
+    int32_t end = find_str(v, "<|end|>");
+    if (end >= 0 && is_eog(v, end)) {
+        int32_t ret = find_str(v, "<|return|>"), call = find_str(v, "<|call|>");
+        int32_t calls = find_str(v, "<|calls|>"), flush = find_str(v, "<|flush|>");
+        bool has_call = (call >= 0 && is_eog(v, call)) || (calls >= 0 && is_eog(v, calls));
+        if ((ret >= 0 && is_eog(v, ret) && has_call) || (has_call && flush >= 0 && is_eog(v, flush))) {
+            remove_eog(v, end);
+            v->tok[end].attr = LM_TOKEN_ATTR_USER_DEFINED;
+        }
+    }
+    /* gemma4 / plamo: "</s>" is an ordinary token there */
+    int32_t s_end = find_str(v, "</s>");
+    if (s_end >= 0 && is_eog(v, s_end)) {
+        int32_t a = find_str(v, "<|tool_response>"), b = find_str(v, "<|plamo:eos|>");
+        if ((a >= 0 && is_eog(v, a)) || (b >= 0 && is_eog(v, b))) {
+            remove_eog(v, s_end);
+            v->tok[s_end].attr = LM_TOKEN_ATTR_NORMAL;
+        }
+    }
+    /* control tokens named "unused..." are unused */
+    for (uint32_t i = 0; i < v->n_tokens; i++) {
+        lm_token_rec *t = &v->tok[i];
+        if ((t->attr & LM_TOKEN_ATTR_CONTROL) && memmem(v->text + t->off, t->len, "unused", 6))
+            t->attr |= LM_TOKEN_ATTR_UNUSED;
     }
 
     size_t n = 0;
