@@ -6,6 +6,9 @@
  * the values (as llama.cpp computes it, so outputs can be compared with it). With an
  * F32 cache everything stays f32. */
 #include <math.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 #include <string.h>
 
 #include "backend/cpu/cpu_internal.h"
@@ -14,6 +17,52 @@
 #include "tensor/quant.h"
 
 static inline float round_f16(float x) { return lm_f16_to_f32(lm_f32_to_f16(x)); }
+
+/* sum a[i] * h[i] with h in f16, and y[i] += w * h[i]: F16C where the CPU has it. The
+ * summation order is fixed by n alone (batch invariance). */
+#if defined(__x86_64__)
+__attribute__((target("avx2,fma,f16c"))) static float dot_f16_avx2(const float *a, const uint16_t *h, int64_t n) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8),
+                               _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i + 8))), acc1);
+    }
+    __m256 acc = _mm256_add_ps(acc0, acc1);
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    float r = _mm_cvtss_f32(s);
+    for (; i < n; i++) r += a[i] * lm_f16_to_f32(h[i]);
+    return r;
+}
+
+__attribute__((target("avx2,fma,f16c"))) static void axpy_f16_avx2(double *y, float w, const uint16_t *h, int64_t n) {
+    int64_t i = 0;
+    __m256d wv = _mm256_set1_pd(w);
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i)));
+        _mm256_storeu_pd(y + i, _mm256_fmadd_pd(wv, _mm256_cvtps_pd(_mm256_castps256_ps128(v)), _mm256_loadu_pd(y + i)));
+        _mm256_storeu_pd(y + i + 4,
+                         _mm256_fmadd_pd(wv, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)), _mm256_loadu_pd(y + i + 4)));
+    }
+    for (; i < n; i++) y[i] += (double)w * lm_f16_to_f32(h[i]);
+}
+#endif
+
+static float dot_f16_scalar(const float *a, const uint16_t *h, int64_t n) {
+    float r = 0.0f;
+    for (int64_t i = 0; i < n; i++) r += a[i] * lm_f16_to_f32(h[i]);
+    return r;
+}
+
+static void axpy_f16_scalar(double *y, float w, const uint16_t *h, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += (double)w * lm_f16_to_f32(h[i]);
+}
+
+typedef float (*dot_f16_fn)(const float *, const uint16_t *, int64_t);
+typedef void (*axpy_f16_fn)(double *, float, const uint16_t *, int64_t);
 
 void lm_cpu_kv_store(lm_backend *b, lm_kv_cache *kv, int64_t layer, const lm_attn_batch *batch, const float *k,
                      const float *v) {
@@ -47,14 +96,9 @@ typedef struct attn_job {
     size_t scratch_per_thread;
 } attn_job;
 
-/* row `slot` of head hk of K or V as f32 */
-static inline const float *kv_row(const lm_kv_cache *kv, const void *base, size_t layer_off, int64_t slot, int64_t hk,
-                                  int64_t hd, float *tmp) {
-    size_t off = layer_off + (size_t)(slot * kv->n_embd_kv + hk * hd);
-    if (kv->type == LM_DTYPE_F32) return (const float *)base + off;
-    const uint16_t *h = (const uint16_t *)base + off;
-    for (int64_t e = 0; e < hd; e++) tmp[e] = lm_f16_to_f32(h[e]);
-    return tmp;
+/* element offset of row `slot`, head hk, in one layer's K or V */
+static inline size_t kv_off(const lm_kv_cache *kv, size_t layer_off, int64_t slot, int64_t hk, int64_t hd) {
+    return layer_off + (size_t)(slot * kv->n_embd_kv + hk * hd);
 }
 
 static void attn_worker(void *ctx, int ith, int nth) {
@@ -63,9 +107,15 @@ static void attn_worker(void *ctx, int ith, int nth) {
     int64_t hd = j->head_dim, group = j->n_head / j->n_head_kv;
     size_t layer_off = (size_t)(j->layer * kv->n_blocks * kv->block_size * kv->n_embd_kv);
     bool f16 = kv->type == LM_DTYPE_F16;
+    dot_f16_fn dot_f16 = dot_f16_scalar;
+    axpy_f16_fn axpy_f16 = axpy_f16_scalar;
+#if defined(__x86_64__)
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+        dot_f16 = dot_f16_avx2, axpy_f16 = axpy_f16_avx2;
+#endif
     uint8_t *mine = j->scratch + (size_t)ith * j->scratch_per_thread;
     double *acc = (double *)mine;
-    float *row = (float *)(acc + hd), *qv = row + hd, *scores = qv + hd;
+    float *qv = (float *)(acc + hd), *scores = qv + 2 * hd;
     int64_t i0, i1;
     lm_split_range(j->batch->n_tokens * j->n_head, ith, nth, &i0, &i1);
     for (int64_t item = i0; item < i1; item++) {
@@ -77,8 +127,9 @@ static void attn_worker(void *ctx, int ith, int nth) {
         for (int64_t e = 0; e < hd; e++) qv[e] = f16 ? round_f16(q[e]) : q[e];
         float mx = -INFINITY;
         for (int64_t p = lo; p <= pos; p++) {
-            const float *k = kv_row(kv, kv->k, layer_off, lm_kv_cache_slot(kv, seq, p), hk, hd, row);
-            float s = j->scale * lm_cpu_dot_f32(qv, k, hd);
+            size_t off = kv_off(kv, layer_off, lm_kv_cache_slot(kv, seq, p), hk, hd);
+            float s = j->scale * (f16 ? dot_f16(qv, (const uint16_t *)kv->k + off, hd)
+                                      : lm_cpu_dot_f32(qv, (const float *)kv->k + off, hd));
             scores[p - lo] = s;
             if (s > mx) mx = s;
         }
@@ -90,10 +141,14 @@ static void attn_worker(void *ctx, int ith, int nth) {
         }
         memset(acc, 0, (size_t)hd * sizeof(double));
         for (int64_t p = lo; p <= pos; p++) {
-            const float *v = kv_row(kv, kv->v, layer_off, lm_kv_cache_slot(kv, seq, p), hk, hd, row);
+            size_t off = kv_off(kv, layer_off, lm_kv_cache_slot(kv, seq, p), hk, hd);
             float w = (float)(scores[p - lo] / sum);
-            if (f16) w = round_f16(w);
-            for (int64_t e = 0; e < hd; e++) acc[e] += (double)w * v[e];
+            if (f16) {
+                axpy_f16(acc, round_f16(w), (const uint16_t *)kv->v + off, hd);
+            } else {
+                const float *v = (const float *)kv->v + off;
+                for (int64_t e = 0; e < hd; e++) acc[e] += (double)w * v[e];
+            }
         }
         float *o = j->out + (t * j->n_head + h) * hd;
         for (int64_t e = 0; e < hd; e++) o[e] = (float)acc[e];
