@@ -89,6 +89,14 @@ struct lm_backend {
 /* The CPU backend with `n_threads` worker threads (1 = run on the caller). */
 lm_status lm_backend_cpu_create(int n_threads, lm_backend **out);
 
+/* The CUDA backend on GPU `device` (0 = the first). LM_ERR_UNSUPPORTED, with a
+ * sentence naming what is missing, when this build has no CUDA backend (configure
+ * with -DLUMEN_CUDA=ON), when no GPU or driver is present, or when the GPU is older
+ * than the build targets (compute capability 9.0). Ops may be called from any one
+ * thread at a time. Errors inside void ops (a failed kernel, a failed download) are
+ * reported by the next matmul or attention. */
+lm_status lm_backend_cuda_create(int device, lm_backend **out);
+
 static inline void lm_backend_free(lm_backend *b) {
     if (b) b->ops->destroy(b);
 }

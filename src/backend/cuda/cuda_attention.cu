@@ -1,0 +1,216 @@
+/* Causal attention over the paged KV cache, one kernel for prefill and decode.
+ *
+ * A warp computes one (token, query head, split): the keys of positions
+ * [lo, pos] (lo = pos - window + 1 on sliding-window layers) in the token's own
+ * sequence, read through its block table. Positions go 32 at a time: in the score
+ * phase each lane owns one position and dots the whole query (in shared memory)
+ * with that key row; an online softmax (running max and sum, rescaled per tile)
+ * then turns scores into weights; in the value phase each lane owns head_dim / 32
+ * output dimensions and accumulates the tile's 32 value rows (coalesced reads). The
+ * warps of a block take consecutive heads of one token, which share their key/value
+ * head under GQA, so its rows are read once from memory and then from L1.
+ *
+ * Long contexts are split into pieces of ATT_SPLIT positions processed by separate
+ * blocks (grid.y) and merged by a second kernel, so decode of one long sequence
+ * still fills the GPU. How a token is split depends only on its own position and
+ * window, never on the rest of the batch, so results are batch-invariant.
+ *
+ * With an F16 cache the query is rounded to f16 like the keys, as the CPU reference
+ * does; the softmax weights are not rounded to f16 (the reference rounds them; the
+ * difference is within f16 rounding, ~1e-4 relative). Everything else is f32. */
+#include "backend/cuda/cuda_internal.cuh"
+
+enum { ATT_WARPS = 4, ATT_SPLIT = 512, ATT_MAX_HD = 256, ATT_DPL = ATT_MAX_HD / 32 };
+
+__device__ __forceinline__ void token_range(const int32_t *meta, int t, int64_t window, int *pos, int *lo,
+                                            int *n_split) {
+    *pos = meta[t];
+    *lo = window > 0 && *pos - window + 1 > 0 ? (int)(*pos - window + 1) : 0;
+    *n_split = (*pos - *lo + 1 + ATT_SPLIT - 1) / ATT_SPLIT;
+}
+
+template <bool F16>
+__device__ __forceinline__ float dot_key(const float *qs, const void *K, int64_t off, int hd) {
+    float s = 0.0f;
+    if (F16) {
+        const uint4 *kr = (const uint4 *)((const __half *)K + off);
+        for (int c = 0; c < hd / 8; c++) {
+            uint4 u = kr[c];
+            uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                float2 f = __half22float2(*(const __half2 *)&w[i]);
+                s = fmaf(qs[8 * c + 2 * i], f.x, s);
+                s = fmaf(qs[8 * c + 2 * i + 1], f.y, s);
+            }
+        }
+    } else {
+        const float4 *kr = (const float4 *)((const float *)K + off);
+        for (int c = 0; c < hd / 4; c++) {
+            float4 f = kr[c];
+            s = fmaf(qs[4 * c], f.x, s);
+            s = fmaf(qs[4 * c + 1], f.y, s);
+            s = fmaf(qs[4 * c + 2], f.z, s);
+            s = fmaf(qs[4 * c + 3], f.w, s);
+        }
+    }
+    return s;
+}
+
+template <bool F16>
+__global__ void __launch_bounds__(ATT_WARPS * 32)
+    attn_kernel(const int32_t *__restrict__ meta, int n, int n_head, int group, int hd, int64_t d_kv, int bs,
+                const void *__restrict__ K, const void *__restrict__ V, const float *__restrict__ q, int64_t window,
+                float scale, int max_splits, float *__restrict__ out, float *__restrict__ part) {
+    __shared__ float q_sh[ATT_WARPS][ATT_MAX_HD];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t item = (int64_t)blockIdx.x * ATT_WARPS + warp;
+    if (item >= (int64_t)n * n_head) return;
+    const int t = (int)(item / n_head), h = (int)(item % n_head), hk = h / group;
+    int pos, lo, n_split;
+    token_range(meta, t, window, &pos, &lo, &n_split);
+    const int split = blockIdx.y;
+    if (split >= n_split) return;
+    const int pb = lo + split * ATT_SPLIT, pe = min(pos, pb + ATT_SPLIT - 1);
+    const int32_t *table = meta + meta[n + t];
+
+    float *qs = q_sh[warp];
+    const float *qrow = q + item * hd;
+    for (int d = lane; d < hd; d += 32) qs[d] = F16 ? __half2float(__float2half_rn(qrow[d])) : qrow[d];
+    __syncwarp();
+
+    float m = -INFINITY, l = 0.0f, acc[ATT_DPL];
+#pragma unroll
+    for (int i = 0; i < ATT_DPL; i++) acc[i] = 0.0f;
+    const int64_t head_off = (int64_t)hk * hd;
+    for (int p0 = pb; p0 <= pe; p0 += 32) {
+        const int p = p0 + lane;
+        const bool valid = p <= pe;
+        int64_t slot = valid ? (int64_t)table[p / bs] * bs + p % bs : 0;
+        float s = -INFINITY;
+        if (valid) s = __fmul_rn(scale, dot_key<F16>(qs, K, slot * d_kv + head_off, hd));
+        float tmax = s;
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, off));
+        const float m_new = fmaxf(m, tmax);
+        const float corr = expf(m - m_new);
+        const float e = valid ? expf(s - m_new) : 0.0f;
+        float esum = e;
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) esum += __shfl_xor_sync(0xffffffffu, esum, off);
+        l = l * corr + esum;
+#pragma unroll
+        for (int i = 0; i < ATT_DPL; i++) acc[i] *= corr;
+        const int nv = min(32, pe - p0 + 1);
+        for (int j = 0; j < nv; j++) {
+            const float wj = __shfl_sync(0xffffffffu, e, j);
+            const int64_t sj = __shfl_sync(0xffffffffu, slot, j);
+            const int64_t voff = sj * d_kv + head_off;
+#pragma unroll
+            for (int i = 0; i < ATT_DPL; i++) {
+                const int d = lane + 32 * i;
+                if (d < hd) {
+                    float v = F16 ? __half2float(((const __half *)V)[voff + d]) : ((const float *)V)[voff + d];
+                    acc[i] = fmaf(wj, v, acc[i]);
+                }
+            }
+        }
+        m = m_new;
+    }
+    if (n_split == 1) {
+        float *o = out + item * hd;
+#pragma unroll
+        for (int i = 0; i < ATT_DPL; i++)
+            if (lane + 32 * i < hd) o[lane + 32 * i] = acc[i] / l;
+    } else {
+        float *pp = part + ((size_t)item * max_splits + split) * (size_t)(hd + 2);
+        if (lane == 0) pp[0] = m, pp[1] = l;
+#pragma unroll
+        for (int i = 0; i < ATT_DPL; i++)
+            if (lane + 32 * i < hd) pp[2 + lane + 32 * i] = acc[i];
+    }
+}
+
+/* merges the splits of the tokens that have more than one, in split order */
+__global__ void attn_combine_kernel(const int32_t *__restrict__ meta, int n, int n_head, int hd, int64_t window,
+                                    int max_splits, const float *__restrict__ part, float *__restrict__ out) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t item = (int64_t)blockIdx.x * ATT_WARPS + warp;
+    if (item >= (int64_t)n * n_head) return;
+    int pos, lo, n_split;
+    token_range(meta, (int)(item / n_head), window, &pos, &lo, &n_split);
+    if (n_split <= 1) return;
+    const float *pp = part + (size_t)item * max_splits * (size_t)(hd + 2);
+    float M = -INFINITY;
+    for (int s = 0; s < n_split; s++) M = fmaxf(M, pp[(size_t)s * (hd + 2)]);
+    float L = 0.0f;
+    for (int s = 0; s < n_split; s++) L += pp[(size_t)s * (hd + 2) + 1] * expf(pp[(size_t)s * (hd + 2)] - M);
+    for (int d = lane; d < hd; d += 32) {
+        float o = 0.0f;
+        for (int s = 0; s < n_split; s++) {
+            const float *ps = pp + (size_t)s * (hd + 2);
+            o += ps[2 + d] * expf(ps[0] - M);
+        }
+        out[item * hd + d] = o / L;
+    }
+}
+
+extern "C" lm_status lm_cuda_attention(lm_backend *b, const lm_kv_cache *kv, int64_t layer,
+                                       const lm_attn_batch *batch, const float *q, int64_t n_head, int64_t n_head_kv,
+                                       int64_t head_dim, int64_t window, float scale, float *out) {
+    lm_cuda_backend *cu = lm_cuda(b);
+    lm_cuda_enter(cu);
+    lm_status st = lm_cuda_take_error(cu);
+    if (st) return st;
+    const int64_t n = batch->n_tokens;
+    if (n <= 0) return LM_OK;
+    if (kv->backend != b) return lm_error(LM_ERR_INVALID_ARG, "attention: the KV cache belongs to another backend");
+    if (head_dim <= 0 || head_dim % 8 != 0 || head_dim > ATT_MAX_HD)
+        return lm_error(LM_ERR_UNSUPPORTED, "attention: head_dim %lld is not supported by the CUDA backend "
+                        "(a multiple of 8 up to %d)", (long long)head_dim, ATT_MAX_HD);
+    if (n_head_kv <= 0 || n_head % n_head_kv != 0 || n_head_kv * head_dim != kv->n_embd_kv)
+        return lm_error(LM_ERR_INVALID_ARG, "attention: %lld query heads, %lld KV heads of %lld do not match the "
+                        "cache's %lld values per token", (long long)n_head, (long long)n_head_kv,
+                        (long long)head_dim, (long long)kv->n_embd_kv);
+    if (kv->type != LM_DTYPE_F16 && kv->type != LM_DTYPE_F32)
+        return lm_error(LM_ERR_UNSUPPORTED, "attention: KV cache type %s", lm_dtype_name(kv->type));
+    if (n * n_head > (int64_t)INT32_MAX * ATT_WARPS || n > INT32_MAX)
+        return lm_error(LM_ERR_LIMIT, "attention: %lld tokens x %lld heads is too many for one call", (long long)n,
+                        (long long)n_head);
+    int max_splits = 1;
+    for (int64_t t = 0; t < n; t++) {
+        int64_t pos = batch->pos[t], lo = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+        int64_t ns = (pos - lo + 1 + ATT_SPLIT - 1) / ATT_SPLIT;
+        if (ns > max_splits) max_splits = (int)ns;
+    }
+    if (max_splits > 65535) return lm_error(LM_ERR_LIMIT, "attention: context too long for one call");
+    const int32_t *meta = lm_cuda_attn_meta(cu, kv, batch);
+    if (!meta) return lm_cuda_take_error(cu);
+    float *part = NULL;
+    if (max_splits > 1) {
+        part = (float *)lm_cuda_scratch(cu, LM_CUDA_SCR_ATTN,
+                                        (size_t)(n * n_head) * (size_t)max_splits * (size_t)(head_dim + 2) * 4);
+        if (!part) return lm_cuda_take_error(cu);
+    }
+    const int64_t d_kv = kv->n_embd_kv;
+    const size_t layer_off = (size_t)(layer * kv->n_blocks * kv->block_size * d_kv) * kv->elem_size;
+    const void *K = (const uint8_t *)kv->k + layer_off, *V = (const uint8_t *)kv->v + layer_off;
+    const int64_t items = n * n_head;
+    dim3 grid((unsigned)((items + ATT_WARPS - 1) / ATT_WARPS), (unsigned)max_splits);
+    const int group = (int)(n_head / n_head_kv);
+    if (kv->type == LM_DTYPE_F16)
+        attn_kernel<true><<<grid, ATT_WARPS * 32, 0, cu->stream>>>(meta, (int)n, (int)n_head, group, (int)head_dim,
+                                                                    d_kv, (int)kv->block_size, K, V, q, window, scale,
+                                                                    max_splits, out, part);
+    else
+        attn_kernel<false><<<grid, ATT_WARPS * 32, 0, cu->stream>>>(meta, (int)n, (int)n_head, group, (int)head_dim,
+                                                                     d_kv, (int)kv->block_size, K, V, q, window,
+                                                                     scale, max_splits, out, part);
+    if (!lm_cuda_launched(cu, "attn_kernel")) return lm_cuda_take_error(cu);
+    if (max_splits > 1) {
+        attn_combine_kernel<<<grid.x, ATT_WARPS * 32, 0, cu->stream>>>(meta, (int)n, (int)n_head, (int)head_dim,
+                                                                         window, max_splits, part, out);
+        lm_cuda_launched(cu, "attn_combine_kernel");
+    }
+    return lm_cuda_take_error(cu);
+}

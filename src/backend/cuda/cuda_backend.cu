@@ -1,0 +1,514 @@
+/* The CUDA backend: device selection, the stream, memory, weights, error recording,
+ * scratch and metadata uploads, and the op vtable. The kernels live one op per file
+ * (cuda_<op>.cu). */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_dequant.cuh"
+
+extern "C" {
+#include "tensor/quant.h"
+}
+
+/* ---- errors ------------------------------------------------------------------- */
+
+void lm_cuda_fail(lm_cuda_backend *cu, lm_status st, const char *fmt, ...) {
+    if (cu->err != LM_OK) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cu->err_msg, sizeof cu->err_msg, fmt, ap);
+    va_end(ap);
+    cu->err = st;
+}
+
+bool lm_cuda_ok(lm_cuda_backend *cu, cudaError_t e, const char *what) {
+    if (e == cudaSuccess) return true;
+    lm_status st = e == cudaErrorMemoryAllocation ? LM_ERR_NO_MEMORY : LM_ERR_INTERNAL;
+    lm_cuda_fail(cu, st, "CUDA error in %s on GPU %d: %s (%s)", what, cu->device, cudaGetErrorString(e),
+                 cudaGetErrorName(e));
+    return false;
+}
+
+lm_status lm_cuda_take_error(lm_cuda_backend *cu) {
+    if (cu->err == LM_OK) return LM_OK;
+    lm_status st = cu->err;
+    cu->err = LM_OK;
+    return lm_error(st, "%s", cu->err_msg);
+}
+
+void lm_cuda_enter(lm_cuda_backend *cu) {
+    /* the current device is per host thread: the engine calls from its own thread */
+    int cur = -1;
+    if (cudaGetDevice(&cur) != cudaSuccess || cur != cu->device) lm_cuda_ok(cu, cudaSetDevice(cu->device), "cudaSetDevice");
+}
+
+/* ---- memory ------------------------------------------------------------------- */
+
+static void *dev_alloc(lm_cuda_backend *cu, size_t bytes) {
+    void *p = NULL;
+    if (bytes == 0) bytes = 256;
+    cudaError_t e = cu->pools ? cudaMallocAsync(&p, bytes, cu->stream) : cudaMalloc(&p, bytes);
+    if (e != cudaSuccess) {
+        cudaGetLastError(); /* an allocation failure is not sticky: clear it */
+        return NULL;
+    }
+    return p;
+}
+
+static void dev_free(lm_cuda_backend *cu, void *p) {
+    if (!p) return;
+    lm_cuda_ok(cu, cu->pools ? cudaFreeAsync(p, cu->stream) : cudaFree(p), "cudaFree");
+}
+
+void *lm_cuda_scratch(lm_cuda_backend *cu, int slot, size_t bytes) {
+    if (cu->scr_cap[slot] >= bytes && cu->scr[slot]) return cu->scr[slot];
+    dev_free(cu, cu->scr[slot]);
+    cu->scr[slot] = NULL;
+    cu->scr_cap[slot] = 0;
+    size_t want = bytes + bytes / 4; /* headroom: batches grow a little at a time */
+    cu->scr[slot] = dev_alloc(cu, want);
+    if (!cu->scr[slot]) {
+        lm_cuda_fail(cu, LM_ERR_NO_MEMORY, "out of GPU memory: %zu bytes of scratch", want);
+        return NULL;
+    }
+    cu->scr_cap[slot] = want;
+    return cu->scr[slot];
+}
+
+static bool grow_host(void **p, size_t *cap, size_t bytes) {
+    if (*cap >= bytes && *p) return true;
+    void *n = realloc(*p, bytes + bytes / 4 + 64);
+    if (!n) return false;
+    *p = n;
+    *cap = bytes + bytes / 4 + 64;
+    return true;
+}
+
+const void *lm_cuda_meta_upload(lm_cuda_backend *cu, int kind, const void *host, size_t bytes) {
+    lm_cuda_meta *m = &cu->meta[kind];
+    if (m->valid && m->bytes == bytes && memcmp(m->shadow, host, bytes) == 0) return m->dev;
+    m->valid = false;
+    if (m->dev_cap < bytes) {
+        dev_free(cu, m->dev);
+        m->dev_cap = 0;
+        m->dev = dev_alloc(cu, bytes + bytes / 4 + 64);
+        if (!m->dev) {
+            lm_cuda_fail(cu, LM_ERR_NO_MEMORY, "out of GPU memory for %zu bytes of batch metadata", bytes);
+            return NULL;
+        }
+        m->dev_cap = bytes + bytes / 4 + 64;
+    }
+    /* the previous copy out of the pinned buffer must be done before we overwrite it
+     * (it was queued one forward pass ago: normally long finished) */
+    if (!lm_cuda_ok(cu, cudaEventSynchronize(m->copied), "cudaEventSynchronize")) return NULL;
+    if (m->pinned_cap < bytes) {
+        if (m->pinned) cudaFreeHost(m->pinned);
+        m->pinned = NULL;
+        m->pinned_cap = 0;
+        size_t want = bytes + bytes / 4 + 64;
+        if (!lm_cuda_ok(cu, cudaMallocHost(&m->pinned, want), "cudaMallocHost")) return NULL;
+        m->pinned_cap = want;
+    }
+    if (!grow_host(&m->shadow, &m->shadow_cap, bytes)) {
+        lm_cuda_fail(cu, LM_ERR_NO_MEMORY, "out of host memory for batch metadata");
+        return NULL;
+    }
+    memcpy(m->pinned, host, bytes);
+    memcpy(m->shadow, host, bytes);
+    if (!lm_cuda_ok(cu, cudaMemcpyAsync(m->dev, m->pinned, bytes, cudaMemcpyHostToDevice, cu->stream),
+                    "cudaMemcpyAsync (metadata)") ||
+        !lm_cuda_ok(cu, cudaEventRecord(m->copied, cu->stream), "cudaEventRecord"))
+        return NULL;
+    m->bytes = bytes;
+    m->valid = true;
+    return m->dev;
+}
+
+const int32_t *lm_cuda_attn_meta(lm_cuda_backend *cu, const lm_kv_cache *kv, const lm_attn_batch *batch) {
+    int64_t n = batch->n_tokens;
+    if (cu->seq_off_cap < kv->n_seqs) {
+        int32_t *s = (int32_t *)realloc(cu->seq_off, (size_t)kv->n_seqs * sizeof(int32_t));
+        if (!s) {
+            lm_cuda_fail(cu, LM_ERR_NO_MEMORY, "out of host memory for attention metadata");
+            return NULL;
+        }
+        for (int64_t i = cu->seq_off_cap; i < kv->n_seqs; i++) s[i] = -1;
+        cu->seq_off = s;
+        cu->seq_off_cap = kv->n_seqs;
+    }
+    /* size: positions and offsets, then each distinct sequence's table once */
+    size_t total = (size_t)(2 * n);
+    for (int64_t t = 0; t < n; t++) {
+        int32_t s = batch->seq[t];
+        if (cu->seq_off[s] < 0) {
+            cu->seq_off[s] = 0; /* mark; real offsets assigned below */
+            total += (size_t)kv->seqs[s].n_blocks;
+        }
+    }
+    if (!grow_host((void **)&cu->attn_host, &cu->attn_host_cap, total * sizeof(int32_t))) {
+        for (int64_t t = 0; t < n; t++) cu->seq_off[batch->seq[t]] = -1;
+        lm_cuda_fail(cu, LM_ERR_NO_MEMORY, "out of host memory for attention metadata");
+        return NULL;
+    }
+    int32_t *h = cu->attn_host;
+    for (int64_t t = 0; t < n; t++) cu->seq_off[batch->seq[t]] = -1;
+    size_t off = (size_t)(2 * n);
+    for (int64_t t = 0; t < n; t++) {
+        int32_t s = batch->seq[t];
+        if (cu->seq_off[s] < 0) {
+            cu->seq_off[s] = (int32_t)off;
+            memcpy(h + off, kv->seqs[s].blocks, (size_t)kv->seqs[s].n_blocks * sizeof(int32_t));
+            off += (size_t)kv->seqs[s].n_blocks;
+        }
+        h[t] = batch->pos[t];
+        h[n + t] = cu->seq_off[s];
+    }
+    for (int64_t t = 0; t < n; t++) cu->seq_off[batch->seq[t]] = -1;
+    return (const int32_t *)lm_cuda_meta_upload(cu, LM_CUDA_META_ATTN, h, off * sizeof(int32_t));
+}
+
+static void *cuda_alloc(lm_backend *b, size_t bytes) {
+    lm_cuda_backend *cu = lm_cuda(b);
+    lm_cuda_enter(cu);
+    return dev_alloc(cu, bytes);
+}
+
+static void cuda_free(lm_backend *b, void *p) {
+    lm_cuda_backend *cu = lm_cuda(b);
+    lm_cuda_enter(cu);
+    dev_free(cu, p);
+}
+
+static void cuda_upload(lm_backend *b, void *dst, const void *src, size_t bytes) {
+    lm_cuda_backend *cu = lm_cuda(b);
+    lm_cuda_enter(cu);
+    if (lm_cuda_ok(cu, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cu->stream), "upload"))
+        lm_cuda_ok(cu, cudaStreamSynchronize(cu->stream), "upload (synchronize)");
+}
+
+static void cuda_download(lm_backend *b, void *dst, const void *src, size_t bytes) {
+    lm_cuda_backend *cu = lm_cuda(b);
+    lm_cuda_enter(cu);
+    bool ok = lm_cuda_ok(cu, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, cu->stream), "download") &&
+              lm_cuda_ok(cu, cudaStreamSynchronize(cu->stream), "download (synchronize)");
+    if (!ok || cu->err != LM_OK) {
+        /* the op cannot return the error: make the result unmistakably invalid (NaN)
+         * until the next matmul or attention reports it */
+        if (bytes % sizeof(float) == 0)
+            for (size_t i = 0; i < bytes / sizeof(float); i++) ((float *)dst)[i] = __builtin_nanf("");
+    }
+}
+
+static void cuda_copy(lm_backend *b, void *dst, const void *src, size_t bytes) {
+    lm_cuda_backend *cu = lm_cuda(b);
+    lm_cuda_enter(cu);
+    if (bytes == 0 || dst == src) return;
+    const char *d = (const char *)dst, *s = (const char *)src;
+    if (d + bytes <= s || s + bytes <= d) {
+        lm_cuda_ok(cu, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cu->stream), "copy");
+        return;
+    }
+    /* overlapping ranges: through a staging buffer */
+    void *tmp = lm_cuda_scratch(cu, LM_CUDA_SCR_COPY, bytes);
+    if (!tmp) return;
+    if (lm_cuda_ok(cu, cudaMemcpyAsync(tmp, src, bytes, cudaMemcpyDeviceToDevice, cu->stream), "copy"))
+        lm_cuda_ok(cu, cudaMemcpyAsync(dst, tmp, bytes, cudaMemcpyDeviceToDevice, cu->stream), "copy");
+}
+
+/* ---- weights ------------------------------------------------------------------ */
+
+bool lm_cuda_native_type(lm_dtype type) {
+    switch (type) {
+#define LM_X(t) case t:
+        LM_CUDA_FOR_EACH_TYPE(LM_X)
+#undef LM_X
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* Device memory for a weight; on failure, gives the pool's cached memory back to the
+ * driver once and retries (freed activations may still sit in it). */
+static void *weight_alloc(lm_cuda_backend *cu, size_t bytes) {
+    void *p = NULL;
+    if (cudaMalloc(&p, bytes) == cudaSuccess) return p;
+    cudaGetLastError();
+    if (cu->pools) {
+        cudaMemPool_t pool;
+        cudaStreamSynchronize(cu->stream);
+        if (cudaDeviceGetDefaultMemPool(&pool, cu->device) == cudaSuccess) cudaMemPoolTrimTo(pool, 0);
+        if (cudaMalloc(&p, bytes) == cudaSuccess) return p;
+        cudaGetLastError();
+    }
+    return NULL;
+}
+
+static lm_status no_memory(lm_cuda_backend *cu, const char *name, size_t bytes) {
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    cudaGetLastError();
+    return lm_error(LM_ERR_NO_MEMORY,
+                    "out of GPU memory: weight %s needs %.1f MiB, %.1f MiB free of %.1f MiB on GPU %d (%s)",
+                    name ? name : "?", bytes / 1048576.0, free_b / 1048576.0, total_b / 1048576.0, cu->device,
+                    cu->name);
+}
+
+/* Row r of a tensor in any format the CPU reference reads, as f32. */
+static bool host_row_f32(const lm_tensor *t, int64_t r, float *dst) {
+    int64_t cols = t->ne[0];
+    if (t->type == LM_DTYPE_AFFINE) {
+        size_t row_bytes = lm_affine_row_bytes(t->bits, cols);
+        int64_t n_groups = cols / t->group_size;
+        size_t sb = lm_dtype_get_info(t->scales->type)->block_bytes;
+        return lm_affine_dequantize_row(t->bits, t->group_size,
+                                        (const uint32_t *)((const uint8_t *)t->data + r * row_bytes),
+                                        (const uint8_t *)t->scales->data + (size_t)(r * n_groups) * sb,
+                                        (const uint8_t *)t->biases->data + (size_t)(r * n_groups) * sb,
+                                        t->scales->type, dst, cols);
+    }
+    size_t row_bytes = lm_dtype_row_bytes(t->type, cols);
+    return lm_dequantize_row(t->type, (const uint8_t *)t->data + (size_t)r * row_bytes, dst, cols);
+}
+
+/* Formats without a device decoder (MLX affine, Q8_1, Q8_K, F64, ...): decoded on the
+ * host once, stored as F16 when every value fits it exactly enough (|v| <= 65504),
+ * else as F32. */
+static lm_status upload_converted(lm_cuda_backend *cu, const lm_tensor *t, lm_weight *w) {
+    int64_t rows = w->rows, cols = w->cols;
+    float *row = (float *)malloc((size_t)cols * sizeof(float));
+    if (!row) return lm_error(LM_ERR_NO_MEMORY, "out of host memory converting %s", t->name);
+    bool fits_f16 = true;
+    for (int64_t r = 0; r < rows && fits_f16; r++) {
+        if (!host_row_f32(t, r, row)) {
+            free(row);
+            return lm_error(LM_ERR_UNSUPPORTED, "tensor %s has type %s, which the CUDA backend cannot read",
+                            t->name, lm_dtype_name(t->type));
+        }
+        for (int64_t j = 0; j < cols; j++)
+            if (!(row[j] >= -65504.0f && row[j] <= 65504.0f)) fits_f16 = false;
+    }
+    w->type = fits_f16 ? LM_DTYPE_F16 : LM_DTYPE_F32;
+    size_t es = fits_f16 ? 2 : 4;
+    w->row_bytes = (size_t)cols * es;
+    size_t bytes = w->row_bytes * (size_t)rows;
+    w->data = weight_alloc(cu, bytes);
+    if (!w->data) {
+        free(row);
+        return no_memory(cu, t->name, bytes);
+    }
+    /* convert and upload in slabs of about 16 MiB */
+    int64_t slab_rows = (int64_t)((16u << 20) / w->row_bytes);
+    if (slab_rows < 1) slab_rows = 1;
+    if (slab_rows > rows) slab_rows = rows;
+    uint8_t *slab = (uint8_t *)malloc((size_t)slab_rows * w->row_bytes);
+    if (!slab) {
+        free(row);
+        cudaFree(w->data);
+        return lm_error(LM_ERR_NO_MEMORY, "out of host memory converting %s", t->name);
+    }
+    lm_status st = LM_OK;
+    for (int64_t r0 = 0; r0 < rows && st == LM_OK; r0 += slab_rows) {
+        int64_t nr = rows - r0 < slab_rows ? rows - r0 : slab_rows;
+        for (int64_t r = 0; r < nr; r++) {
+            host_row_f32(t, r0 + r, row);
+            if (fits_f16) {
+                uint16_t *o = (uint16_t *)(slab + (size_t)r * w->row_bytes);
+                for (int64_t j = 0; j < cols; j++) o[j] = lm_f32_to_f16(row[j]);
+            } else {
+                memcpy(slab + (size_t)r * w->row_bytes, row, w->row_bytes);
+            }
+        }
+        cudaError_t e = cudaMemcpy((uint8_t *)w->data + (size_t)r0 * w->row_bytes, slab, (size_t)nr * w->row_bytes,
+                                   cudaMemcpyHostToDevice);
+        if (e != cudaSuccess)
+            st = lm_error(LM_ERR_INTERNAL, "CUDA error uploading %s: %s", t->name, cudaGetErrorString(e));
+    }
+    free(slab);
+    free(row);
+    if (st) cudaFree(w->data);
+    return st;
+}
+
+static lm_status cuda_weight_create(lm_backend *b, const lm_tensor *t, lm_weight **out) {
+    lm_cuda_backend *cu = lm_cuda(b);
+    lm_cuda_enter(cu);
+    *out = NULL;
+    if (t->type == LM_DTYPE_AFFINE) {
+        if (!t->scales || !t->biases || t->group_size <= 0)
+            return lm_error(LM_ERR_FORMAT, "affine-quantized tensor %s lacks scales or biases", t->name);
+    } else {
+        const lm_dtype_info *info = lm_dtype_get_info(t->type);
+        if (!info || t->type == LM_DTYPE_BOOL || t->type == LM_DTYPE_U32 || t->type == LM_DTYPE_U64 ||
+            t->type == LM_DTYPE_I64 || t->type == LM_DTYPE_I32)
+            return lm_error(LM_ERR_UNSUPPORTED, "tensor %s has type %s, which cannot be a weight matrix", t->name,
+                            lm_dtype_name(t->type));
+    }
+    int64_t cols = t->ne[0], rows = t->ne[1] * t->ne[2] * t->ne[3];
+    if (cols <= 0 || rows <= 0 || cols % 8 != 0 || cols > INT32_MAX || rows > INT32_MAX)
+        return lm_error(LM_ERR_UNSUPPORTED,
+                        "tensor %s has %lld columns: the CUDA backend needs a positive multiple of 8", t->name,
+                        (long long)cols);
+    lm_weight *w = (lm_weight *)calloc(1, sizeof *w);
+    if (!w) return lm_error(LM_ERR_NO_MEMORY, "out of memory");
+    w->rows = rows;
+    w->cols = cols;
+    lm_status st = LM_OK;
+    if (lm_cuda_native_type(t->type)) {
+        w->type = t->type;
+        w->row_bytes = lm_dtype_row_bytes(t->type, cols);
+        size_t bytes = w->row_bytes * (size_t)rows;
+        if (w->row_bytes == 0 || t->nbytes < bytes) {
+            st = lm_error(LM_ERR_FORMAT, "tensor %s holds %zu bytes, %zu expected", t->name, t->nbytes, bytes);
+        } else if (!(w->data = weight_alloc(cu, bytes))) {
+            st = no_memory(cu, t->name, bytes);
+        } else {
+            cudaError_t e = cudaMemcpy(w->data, t->data, bytes, cudaMemcpyHostToDevice);
+            if (e != cudaSuccess) {
+                st = lm_error(LM_ERR_INTERNAL, "CUDA error uploading %s: %s", t->name, cudaGetErrorString(e));
+                cudaFree(w->data);
+            }
+        }
+    } else {
+        st = upload_converted(cu, t, w);
+    }
+    if (st) {
+        free(w);
+        return st;
+    }
+    *out = w;
+    return LM_OK;
+}
+
+static void cuda_weight_free(lm_backend *b, lm_weight *w) {
+    if (!w) return;
+    lm_cuda_backend *cu = lm_cuda(b);
+    lm_cuda_enter(cu);
+    /* kernels queued on the weight must finish before its memory goes */
+    cudaStreamSynchronize(cu->stream);
+    cudaFree(w->data);
+    free(w);
+}
+
+/* ---- lifetime ------------------------------------------------------------------ */
+
+static void cuda_destroy(lm_backend *b) {
+    lm_cuda_backend *cu = lm_cuda(b);
+    lm_cuda_enter(cu);
+    if (cu->stream) cudaStreamSynchronize(cu->stream);
+    for (int i = 0; i < LM_CUDA_SCR_COUNT; i++) dev_free(cu, cu->scr[i]);
+    for (int i = 0; i < LM_CUDA_META_COUNT; i++) {
+        lm_cuda_meta *m = &cu->meta[i];
+        dev_free(cu, m->dev);
+        if (m->pinned) cudaFreeHost(m->pinned);
+        free(m->shadow);
+        if (m->copied) cudaEventDestroy(m->copied);
+    }
+    if (cu->stream) cudaStreamSynchronize(cu->stream);
+    if (cu->cublas) cublasDestroy(cu->cublas);
+    if (cu->stream) cudaStreamDestroy(cu->stream);
+    free(cu->attn_host);
+    free(cu->seq_off);
+    free(cu);
+}
+
+static lm_backend_ops k_cuda_ops;
+
+static void init_ops(void) {
+    lm_backend_ops *o = &k_cuda_ops;
+    o->name = "cuda";
+    o->destroy = cuda_destroy;
+    o->alloc = cuda_alloc;
+    o->free = cuda_free;
+    o->upload = cuda_upload;
+    o->download = cuda_download;
+    o->copy = cuda_copy;
+    o->weight_create = cuda_weight_create;
+    o->weight_free = cuda_weight_free;
+    o->get_rows = lm_cuda_get_rows;
+    o->matmul = lm_cuda_matmul;
+    o->rms_norm = lm_cuda_rms_norm;
+    o->add = lm_cuda_add;
+    o->add_bias = lm_cuda_add_bias;
+    o->scale = lm_cuda_scale;
+    o->rope = lm_cuda_rope;
+    o->swiglu = lm_cuda_swiglu;
+    o->geglu = lm_cuda_geglu;
+    o->kv_store = lm_cuda_kv_store;
+    o->attention = lm_cuda_attention;
+}
+
+extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
+    if (!out) return lm_error(LM_ERR_INVALID_ARG, "lm_backend_cuda_create: out is NULL");
+    *out = NULL;
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count == 0) {
+        cudaGetLastError();
+        if (e == cudaErrorInsufficientDriver)
+            return lm_error(LM_ERR_UNSUPPORTED,
+                            "no usable NVIDIA driver: the driver is missing or older than this CUDA runtime needs (%s)",
+                            cudaGetErrorString(e));
+        if (e == cudaErrorNoDevice || count == 0)
+            return lm_error(LM_ERR_UNSUPPORTED, "no CUDA GPU is present (%s)",
+                            e == cudaSuccess ? "no devices found" : cudaGetErrorString(e));
+        return lm_error(LM_ERR_UNSUPPORTED, "CUDA is not available: %s (%s)", cudaGetErrorString(e),
+                        cudaGetErrorName(e));
+    }
+    if (device < 0 || device >= count)
+        return lm_error(LM_ERR_INVALID_ARG, "GPU %d does not exist (this machine has %d)", device, count);
+    cudaDeviceProp prop;
+    if ((e = cudaGetDeviceProperties(&prop, device)) != cudaSuccess)
+        return lm_error(LM_ERR_UNSUPPORTED, "cannot query GPU %d: %s", device, cudaGetErrorString(e));
+    if (prop.major < 9)
+        return lm_error(LM_ERR_UNSUPPORTED,
+                        "GPU %d (%s) has compute capability %d.%d; this build of the CUDA backend needs 9.0 or newer",
+                        device, prop.name, prop.major, prop.minor);
+    lm_cuda_backend *cu = (lm_cuda_backend *)calloc(1, sizeof *cu);
+    if (!cu) return lm_error(LM_ERR_NO_MEMORY, "out of memory");
+    static bool ops_ready = false; /* filled once; identical content on every call */
+    if (!ops_ready) {
+        init_ops();
+        ops_ready = true;
+    }
+    cu->base.ops = &k_cuda_ops;
+    cu->device = device;
+    cu->n_sm = prop.multiProcessorCount;
+    cu->total_mem = prop.totalGlobalMem;
+    snprintf(cu->name, sizeof cu->name, "%s", prop.name);
+    const char *mv = getenv("LUMEN_CUDA_MV_MAX_N");
+    cu->mv_max_n = mv && atoll(mv) > 0 ? atoll(mv) : 16;
+    lm_status st = LM_OK;
+    int pools = 0;
+    if ((e = cudaSetDevice(device)) != cudaSuccess ||
+        (e = cudaStreamCreateWithFlags(&cu->stream, cudaStreamNonBlocking)) != cudaSuccess) {
+        st = lm_error(LM_ERR_UNSUPPORTED, "cannot start GPU %d (%s): %s", device, prop.name, cudaGetErrorString(e));
+    } else if (cublasCreate(&cu->cublas) != CUBLAS_STATUS_SUCCESS ||
+               cublasSetStream(cu->cublas, cu->stream) != CUBLAS_STATUS_SUCCESS) {
+        st = lm_error(LM_ERR_UNSUPPORTED, "cannot start cuBLAS on GPU %d (%s)", device, prop.name);
+    } else {
+        for (int i = 0; i < LM_CUDA_META_COUNT && st == LM_OK; i++)
+            if ((e = cudaEventCreateWithFlags(&cu->meta[i].copied, cudaEventDisableTiming)) != cudaSuccess)
+                st = lm_error(LM_ERR_INTERNAL, "cudaEventCreate: %s", cudaGetErrorString(e));
+    }
+    if (st == LM_OK && cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device) == cudaSuccess &&
+        pools) {
+        cudaMemPool_t pool;
+        if (cudaDeviceGetDefaultMemPool(&pool, device) == cudaSuccess) {
+            /* keep freed activation memory for the next forward pass instead of
+             * handing it back to the driver at every synchronization */
+            uint64_t keep = UINT64_MAX;
+            cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+            cu->pools = true;
+        }
+    }
+    cudaGetLastError();
+    if (st) {
+        cuda_destroy(&cu->base);
+        return st;
+    }
+    *out = &cu->base;
+    return LM_OK;
+}

@@ -1,0 +1,141 @@
+/* Shared between the CUDA backend's files: the backend and weight structs, error
+ * recording, growable device scratch, and host metadata uploads.
+ *
+ * Everything runs on one non-blocking stream per backend, in call order, so ops
+ * return as soon as their kernels are queued; upload/download/weight_create wait for
+ * the stream. The backend is used by one thread at a time (the engine's worker), so
+ * its scratch and metadata buffers need no locking. */
+#ifndef LM_BACKEND_CUDA_INTERNAL_CUH
+#define LM_BACKEND_CUDA_INTERNAL_CUH
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+extern "C" {
+#include "backend/backend.h"
+#include "core/error.h"
+#include "kv/kv_cache.h"
+}
+
+/* Host metadata copied to the device; one slot per kind so the kinds of one forward
+ * pass do not evict each other (each is uploaded once per pass, then reused). */
+enum lm_cuda_meta_kind { LM_CUDA_META_POS, LM_CUDA_META_ATTN, LM_CUDA_META_IDS, LM_CUDA_META_COUNT };
+
+/* Device scratch, one buffer per purpose, grown on demand. */
+enum lm_cuda_scratch_slot {
+    LM_CUDA_SCR_WTILE, /* matmul: a tile of weight rows dequantized to bf16    */
+    LM_CUDA_SCR_XB,    /* matmul: activations as bf16 (or padded f32)          */
+    LM_CUDA_SCR_Y,     /* matmul: one GEMM chunk's output                      */
+    LM_CUDA_SCR_ATTN,  /* attention: split partials                            */
+    LM_CUDA_SCR_COPY,  /* copy: staging for overlapping ranges                 */
+    LM_CUDA_SCR_COUNT
+};
+
+typedef struct lm_cuda_meta {
+    void *pinned;  /* page-locked staging the copy reads from */
+    size_t pinned_cap;
+    void *shadow;  /* what the device copy holds (host)       */
+    size_t shadow_cap, bytes;
+    bool valid;
+    void *dev;
+    size_t dev_cap;
+    cudaEvent_t copied; /* recorded after the last copy out of `pinned` */
+} lm_cuda_meta;
+
+typedef struct lm_cuda_backend {
+    lm_backend base;
+    int device, n_sm;
+    char name[256];
+    size_t total_mem;
+    cudaStream_t stream;
+    cublasHandle_t cublas;
+    bool pools;        /* stream-ordered allocation (cudaMallocAsync) available */
+    lm_status err;     /* first error not yet reported (LM_OK: none)            */
+    char err_msg[512];
+    lm_cuda_meta meta[LM_CUDA_META_COUNT];
+    void *scr[LM_CUDA_SCR_COUNT];
+    size_t scr_cap[LM_CUDA_SCR_COUNT];
+    int64_t mv_max_n;  /* matmul: matrix-vector kernel up to this many tokens   */
+    /* attention metadata built on the host: [pos: n][table offset: n][tables] */
+    int32_t *attn_host;
+    size_t attn_host_cap;
+    int32_t *seq_off;  /* per sequence id: its table's offset in attn_host (-1) */
+    int64_t seq_off_cap;
+} lm_cuda_backend;
+
+/* A weight matrix in device memory. `type` is the device format: the file's own
+ * block layout for the formats the kernels decode, else F16/F32 converted at load. */
+struct lm_weight {
+    lm_dtype type;
+    int64_t rows, cols;
+    size_t row_bytes;
+    void *data;
+};
+
+static inline lm_cuda_backend *lm_cuda(lm_backend *b) { return (lm_cuda_backend *)b; }
+
+/* Records the first error (kept until reported); later ones are dropped. */
+void lm_cuda_fail(lm_cuda_backend *cu, lm_status st, const char *fmt, ...) LM_PRINTF(3, 4);
+
+/* false (and the error recorded, naming `what`) when e is not cudaSuccess. */
+bool lm_cuda_ok(lm_cuda_backend *cu, cudaError_t e, const char *what);
+
+/* Checks that the kernel just queued was launched. */
+static inline bool lm_cuda_launched(lm_cuda_backend *cu, const char *kernel) {
+    return lm_cuda_ok(cu, cudaGetLastError(), kernel);
+}
+
+/* LM_OK, or the recorded error as lm_error() (the error is then cleared). */
+lm_status lm_cuda_take_error(lm_cuda_backend *cu);
+
+/* Makes the backend's device current for the calling thread. */
+void lm_cuda_enter(lm_cuda_backend *cu);
+
+/* Device scratch of at least `bytes` for `slot`; NULL (error recorded) when the GPU
+ * has no memory left. Stream-ordered: earlier kernels using the old buffer finish
+ * before it is released. */
+void *lm_cuda_scratch(lm_cuda_backend *cu, int slot, size_t bytes);
+
+/* A device copy of `bytes` of host memory, reused while the content is unchanged
+ * (the same positions or block tables are asked for by every layer). NULL on
+ * failure (error recorded). Valid until the next call for the same kind. */
+const void *lm_cuda_meta_upload(lm_cuda_backend *cu, int kind, const void *host, size_t bytes);
+
+/* Attention/kv_store metadata for a batch, on the device: int32
+ * [pos: n][table offset: n][block tables of the batch's sequences]. */
+const int32_t *lm_cuda_attn_meta(lm_cuda_backend *cu, const lm_kv_cache *kv, const lm_attn_batch *batch);
+
+/* Blocks for a grid-stride loop over n items with `threads` per block. */
+static inline unsigned lm_cuda_blocks(int64_t n, int threads) {
+    int64_t b = (n + threads - 1) / threads;
+    if (b < 1) b = 1;
+    if (b > 65536LL * 8) b = 65536LL * 8;
+    return (unsigned)b;
+}
+
+/* kernels' entry points (one file each) */
+extern "C" {
+void lm_cuda_get_rows(lm_backend *b, const lm_weight *table, const int32_t *ids, int64_t n, float *out);
+lm_status lm_cuda_matmul(lm_backend *b, const lm_weight *w, const float *x, int64_t n, float *y);
+void lm_cuda_rms_norm(lm_backend *b, const float *x, const float *w, int64_t n, int64_t d, float eps, float *y);
+void lm_cuda_add(lm_backend *b, float *y, const float *x, int64_t n);
+void lm_cuda_add_bias(lm_backend *b, float *y, const float *bias, int64_t n, int64_t d);
+void lm_cuda_scale(lm_backend *b, float *y, float s, int64_t n);
+void lm_cuda_rope(lm_backend *b, float *x, int64_t n, int64_t n_head, int64_t head_dim, int64_t n_rot,
+                  const int32_t *pos, float theta, float freq_scale, lm_rope_mode mode);
+void lm_cuda_swiglu(lm_backend *b, const float *gate, const float *up, int64_t n, float *out);
+void lm_cuda_geglu(lm_backend *b, const float *gate, const float *up, int64_t n, float *out);
+void lm_cuda_kv_store(lm_backend *b, struct lm_kv_cache *kv, int64_t layer, const lm_attn_batch *batch,
+                      const float *k, const float *v);
+lm_status lm_cuda_attention(lm_backend *b, const struct lm_kv_cache *kv, int64_t layer, const lm_attn_batch *batch,
+                            const float *q, int64_t n_head, int64_t n_head_kv, int64_t head_dim, int64_t window,
+                            float scale, float *out);
+}
+
+/* The weight formats the kernels decode on the device (cuda_dequant.cuh). */
+bool lm_cuda_native_type(lm_dtype type);
+
+#endif

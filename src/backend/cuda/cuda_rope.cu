@@ -1,0 +1,40 @@
+/* RoPE in place on x [n][n_head * head_dim]: a block per token, a thread per rotated
+ * pair. The angle is computed in double exactly as the CPU reference writes it
+ * (pos * freq_scale * theta^(-2i/n_rot), then cos/sin rounded to float), and the
+ * rotation rounds each product separately, as the reference's C does. */
+#include "backend/cuda/cuda_internal.cuh"
+
+__global__ void rope_kernel(float *x, const int32_t *__restrict__ pos, int64_t n_head, int64_t head_dim,
+                            int64_t n_rot, float theta, float freq_scale, int neox) {
+    const int64_t t = blockIdx.x, half = n_rot / 2;
+    const double p = (double)pos[t] * (double)freq_scale;
+    for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
+        double angle = p * pow((double)theta, -2.0 * (double)i / (double)n_rot);
+        float c = (float)cos(angle), s = (float)sin(angle);
+        int64_t i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+        for (int64_t h = 0; h < n_head; h++) {
+            float *v = x + (t * n_head + h) * head_dim;
+            float a = v[i0], bb = v[i1];
+            v[i0] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(bb, s));
+            v[i1] = __fadd_rn(__fmul_rn(a, s), __fmul_rn(bb, c));
+        }
+    }
+}
+
+extern "C" void lm_cuda_rope(lm_backend *b, float *x, int64_t n, int64_t n_head, int64_t head_dim, int64_t n_rot,
+                             const int32_t *pos, float theta, float freq_scale, lm_rope_mode mode) {
+    lm_cuda_backend *cu = lm_cuda(b);
+    lm_cuda_enter(cu);
+    if (n <= 0 || n_rot < 2) return;
+    if (n_rot > head_dim || n > 2147483647LL) {
+        lm_cuda_fail(cu, LM_ERR_INVALID_ARG, "rope: n_rot %lld exceeds head_dim %lld or too many tokens",
+                     (long long)n_rot, (long long)head_dim);
+        return;
+    }
+    const int32_t *d_pos = (const int32_t *)lm_cuda_meta_upload(cu, LM_CUDA_META_POS, pos, (size_t)n * sizeof(int32_t));
+    if (!d_pos) return;
+    int threads = n_rot / 2 >= 128 ? 128 : n_rot / 2 >= 64 ? 64 : 32;
+    rope_kernel<<<(unsigned)n, threads, 0, cu->stream>>>(x, d_pos, n_head, head_dim, n_rot, theta, freq_scale,
+                                                          mode == LM_ROPE_NEOX);
+    lm_cuda_launched(cu, "rope_kernel");
+}
