@@ -15,7 +15,7 @@
 #include "core/error.h"
 #include "tokenizer/tok_internal.h"
 
-#define MAX_REGEX 6
+#define MAX_REGEX LM_PRE_MAX_REGEX
 
 struct lm_pretok {
     int n;
@@ -182,23 +182,25 @@ void lm_pretok_free(lm_pretok *p) {
     free(p);
 }
 
-lm_status lm_pretok_create(lm_pre_kind kind, lm_pretok **out) {
+static lm_status compile_all(const lm_strview *src, int n, bool hostile, lm_pretok **out) {
     *out = NULL;
-    const char *src[MAX_REGEX];
-    int n = regexes_for(kind, src);
     lm_pretok *p = calloc(1, sizeof *p);
     if (!p) return lm_error(LM_ERR_NO_MEMORY, "tokenizer: out of memory");
     for (int i = 0; i < n; i++) {
         int err = 0;
         PCRE2_SIZE eoff = 0;
         uint32_t opts = PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF | PCRE2_DOLLAR_ENDONLY;
-        p->re[i] = pcre2_compile((PCRE2_SPTR)src[i], PCRE2_ZERO_TERMINATED, opts, &err, &eoff, NULL);
+        p->re[i] = pcre2_compile((PCRE2_SPTR)src[i].ptr, src[i].len, opts, &err, &eoff, NULL);
         if (!p->re[i]) {
             PCRE2_UCHAR msg[256];
             pcre2_get_error_message(err, msg, sizeof msg);
             lm_pretok_free(p);
-            return lm_error(LM_ERR_INTERNAL, "tokenizer: pre-tokenizer regex %d of kind %d: %s at %zu",
-                            i, (int)kind, (const char *)msg, (size_t)eoff);
+            if (hostile)
+                return lm_error(LM_ERR_UNSUPPORTED,
+                                "tokenizer: pre-tokenizer regex '%.80s' is not supported: %s at offset %zu",
+                                src[i].ptr, (const char *)msg, (size_t)eoff);
+            return lm_error(LM_ERR_INTERNAL, "tokenizer: pre-tokenizer regex %d: %s at %zu", i,
+                            (const char *)msg, (size_t)eoff);
         }
         p->n = i + 1;
         /* JIT is an optimisation: without it (no JIT support) matching still works */
@@ -206,6 +208,69 @@ lm_status lm_pretok_create(lm_pre_kind kind, lm_pretok **out) {
     }
     *out = p;
     return LM_OK;
+}
+
+lm_status lm_pretok_create(lm_pre_kind kind, lm_pretok **out) {
+    const char *src[MAX_REGEX];
+    lm_strview sv[MAX_REGEX];
+    int n = regexes_for(kind, src);
+    for (int i = 0; i < n; i++) sv[i] = (lm_strview){src[i], strlen(src[i])};
+    return compile_all(sv, n, false, out);
+}
+
+lm_status lm_pretok_create_regexes(const lm_strview *re, uint32_t n, lm_pretok **out) {
+    *out = NULL;
+    if (n > MAX_REGEX)
+        return lm_error(LM_ERR_LIMIT, "tokenizer: %u pre-tokenizer regexes (limit %d)", n, MAX_REGEX);
+    for (uint32_t i = 0; i < n; i++)
+        if (re[i].len > 4096 || memchr(re[i].ptr, 0, re[i].len))
+            return lm_error(LM_ERR_UNSUPPORTED, "tokenizer: pre-tokenizer regex %u is too long or holds NUL", i);
+    return compile_all(re, (int)n, true, out);
+}
+
+bool lm_pretok_kind_of(const lm_strview *re, uint32_t n, lm_pre_kind *kind) {
+    /* the common names first, then every kind in order */
+    static const lm_pre_kind prefer[] = {LM_PRE_LLAMA3, LM_PRE_QWEN2, LM_PRE_QWEN35, LM_PRE_SMOLLM, LM_PRE_GPT2};
+    for (int pass = 0; pass < 2; pass++) {
+        int count = pass == 0 ? (int)(sizeof prefer / sizeof prefer[0]) : (int)LM_PRE_CUSTOM;
+        for (int k = 0; k < count; k++) {
+            lm_pre_kind kk = pass == 0 ? prefer[k] : (lm_pre_kind)k;
+            const char *src[MAX_REGEX];
+            int m = regexes_for(kk, src);
+            if ((uint32_t)m != n) continue;
+            bool same = true;
+            for (int i = 0; i < m && same; i++)
+                same = strlen(src[i]) == re[i].len && memcmp(src[i], re[i].ptr, re[i].len) == 0;
+            if (same) {
+                *kind = kk;
+                return true;
+            }
+        }
+    }
+    return false;
+}
+
+/* tokenizer.json spellings (Oniguruma syntax, as Hugging Face writes them) of the patterns
+ * above. (?i:'s|...) is written out as [sS] classes: PCRE2's caseless matching with UCP
+ * would also fold U+017F and U+212A into s and k. */
+static const struct {
+    const char *hf;
+    const char *ours;
+} k_known[] = {
+    {"'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+", RE_GPT2},
+    {"'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)", RE_GPT2},
+    {"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+     "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+", RE_LLAMA3},
+    {"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+     "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+", RE_QWEN2},
+    {"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|"
+     "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+", RE_QWEN35},
+};
+
+const char *lm_pretok_known_pattern(const char *hf, size_t len) {
+    for (size_t i = 0; i < sizeof k_known / sizeof k_known[0]; i++)
+        if (strlen(k_known[i].hf) == len && memcmp(k_known[i].hf, hf, len) == 0) return k_known[i].ours;
+    return NULL;
 }
 
 static bool span_push(lm_spanvec *s, size_t off, size_t len) {

@@ -75,6 +75,14 @@ typedef struct spm_ctx {
 static bool try_bigram(spm_ctx *c, int32_t l, int32_t r) {
     if (l < 0 || r < 0) return true;
     const sym *a = &c->syms[l], *b = &c->syms[r];
+    if (c->v->spm_merges) {
+        /* tokenizer.json BPE: only listed pairs merge, lowest rank first (exact as a
+         * float: ranks are below 2^24) */
+        int32_t rank = lm_vocab_merge_rank(c->v, c->text + a->off, a->n, c->text + b->off, b->n);
+        if (rank < 0) return true;
+        bigram g = {-(float)rank, l, r, a->n + b->n};
+        return heap_push(&c->q, g);
+    }
     /* symbols are contiguous in the text, so the pair is one substring */
     int32_t id = lm_vocab_find(c->v, c->text + a->off, a->n + b->n);
     if (id == LM_TOKEN_NULL) return true;

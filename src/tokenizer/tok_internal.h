@@ -65,6 +65,8 @@ struct lm_vocab {
 
     bool add_bos, add_eos, add_sep, add_space_prefix;
     bool clean_spaces, ignore_merges;
+    bool spm_merges;           /* SPM merges by pair rank (tokenizer.json BPE + byte fallback) */
+    lm_norm_kind normalizer;
 
     /* tokens matched in raw text before the model runs (control, user-defined,
      * unknown), longest text first */
@@ -104,6 +106,14 @@ typedef struct lm_spanvec {
 } lm_spanvec;
 
 lm_status lm_pretok_create(lm_pre_kind kind, lm_pretok **out);
+/* From explicit regexes (n <= LM_PRE_MAX_REGEX; n == 0: one word per fragment).
+ * LM_ERR_UNSUPPORTED naming the regex when PCRE2 cannot compile it. */
+lm_status lm_pretok_create_regexes(const lm_strview *re, uint32_t n, lm_pretok **out);
+/* The kind whose regex list is exactly re[0..n), if any (preferring the common names). */
+bool lm_pretok_kind_of(const lm_strview *re, uint32_t n, lm_pre_kind *kind);
+/* lumen's spelling of a pre-tokenizer regex as tokenizer.json writes it (the GPT-2,
+ * Llama 3, Qwen2, Qwen3.5 patterns), NULL if it is not one of those. */
+const char *lm_pretok_known_pattern(const char *hf, size_t len);
 void lm_pretok_free(lm_pretok *p);
 /* Splits text[0..len) into words (spans, in order, covering all of the text). */
 lm_status lm_pretok_split(const lm_pretok *p, const char *text, size_t len, lm_spanvec *out);
@@ -113,6 +123,22 @@ lm_status lm_pretok_split(const lm_pretok *p, const char *text, size_t len, lm_s
 /* Appends the tokens of one raw-text fragment. */
 lm_status lm_bpe_encode(const lm_vocab *v, const char *text, size_t len, lm_ivec *out);
 lm_status lm_spm_encode(const lm_vocab *v, const char *text, size_t len, lm_ivec *out);
+
+/* ---- normalization (normalize.c) ---- */
+
+/* Appends the normalized form of text[0..len) to out. Invalid UTF-8 bytes pass through
+ * unchanged between normalized valid runs. LM_ERR_NO_MEMORY only. */
+lm_status lm_normalize(lm_norm_kind kind, const char *text, size_t len, lm_bytes *out);
+
+/* ---- tokenizer.json (vocab_hf.c) ---- */
+
+typedef struct lm_tokenizer lm_tokenizer;
+/* The from-memory core of lm_tokenizer_from_hf_folder: tokenizer.json text and,
+ * optionally (NULL), tokenizer_config.json and generation_config.json texts. `where`
+ * names the source in error messages. */
+lm_status lm_tokenizer_from_hf_json(const char *tok_json, size_t tok_len, const char *cfg_json,
+                                    size_t cfg_len, const char *gen_json, size_t gen_len,
+                                    const char *where, lm_tokenizer **out);
 
 /* ---- special tokens (special.c) ---- */
 

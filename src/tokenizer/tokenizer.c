@@ -60,11 +60,13 @@ static lm_status tokenize_into(const lm_vocab *v, const char *text, size_t len,
                 free(buf.p);
                 goto oom;
             }
-            if (!lm_bytes_append(&buf, text + f->off, f->len)) {
+            if (v->normalizer != LM_NORM_NONE) {
+                st = lm_normalize(v->normalizer, text + f->off, f->len, &buf);
+            } else if (!lm_bytes_append(&buf, text + f->off, f->len)) {
                 free(buf.p);
                 goto oom;
             }
-            st = lm_spm_encode(v, buf.p, buf.n, out);
+            if (!st) st = lm_spm_encode(v, buf.p, buf.n, out);
             prev_special = false;
         }
         free(buf.p);
@@ -72,14 +74,23 @@ static lm_status tokenize_into(const lm_vocab *v, const char *text, size_t len,
         if (add_special && v->add_eos && !lm_ivec_push(out, v->eos)) goto oom;
     } else {
         if (add_special && v->add_bos && !lm_ivec_push(out, v->bos)) goto oom;
+        lm_bytes norm = {0};
         for (size_t i = 0; i < frags.n && !st; i++) {
             const lm_fragment *f = &frags.v[i];
             if (f->token != LM_TOKEN_NULL) {
-                if (!lm_ivec_push(out, f->token)) goto oom;
+                if (!lm_ivec_push(out, f->token)) {
+                    free(norm.p);
+                    goto oom;
+                }
+            } else if (v->normalizer != LM_NORM_NONE) {
+                norm.n = 0;
+                st = lm_normalize(v->normalizer, text + f->off, f->len, &norm);
+                if (!st) st = lm_bpe_encode(v, norm.p, norm.n, out);
             } else {
                 st = lm_bpe_encode(v, text + f->off, f->len, out);
             }
         }
+        free(norm.p);
         if (st) goto done;
         if (add_special && v->add_eos && !lm_ivec_push(out, v->eos)) goto oom;
     }

@@ -15,6 +15,9 @@
  * Known, deliberate differences from llama.cpp:
  *   - invalid UTF-8 in byte-level BPE input is tokenized from its raw bytes
  *     (lossless), where llama.cpp first replaces each bad byte with U+FFFD;
+ *   - in SentencePiece-style input a lead byte without its continuation bytes is a
+ *     character of its own (so byte fallback keeps every byte), where llama.cpp takes
+ *     the announced length whatever follows (and can swallow a following space);
  *   - a BPE token whose text holds a code point outside the GPT-2 byte alphabet
  *     decodes to that code point's UTF-8 rather than llama.cpp's "[UNK_BYTE_..]" text.
  */
@@ -44,6 +47,27 @@ lm_status lm_tokenizer_create(const lm_vocab_desc *desc, lm_tokenizer **out);
  * unknown pre-tokenizer, LM_ERR_FORMAT for malformed metadata. The tokenizer does not
  * borrow from `g`. */
 lm_status lm_tokenizer_from_gguf(const lm_gguf *g, lm_tokenizer **out);
+
+/* From a Hugging Face tokenizer folder (tokenizer/vocab_hf.c): tokenizer.json (model BPE:
+ * byte-level with the ByteLevel pre-tokenizer/decoder, or SentencePiece-style with
+ * byte_fallback and the Metaspace / Replace(" ", "\u2581") / Prepend normalizers;
+ * pre-tokenizers Sequence, Split (regex, "Isolated"), Digits, ByteLevel; normalizers NFC,
+ * NFD, NFKC, NFKD; added_tokens), plus tokenizer_config.json (bos/eos/unk/pad tokens,
+ * add_bos_token/add_eos_token, added_tokens_decoder, clean_up_tokenization_spaces) and
+ * generation_config.json (eos_token_id: more end-of-generation ids) when present.
+ * Added tokens marked special, or that look like control markers ("<|...|>"), are control
+ * tokens (matched in text only with parse_special); the others are user-defined (always
+ * matched), as llama.cpp's converter types them, so a folder and its GGUF conversion
+ * tokenize alike. LM_ERR_NOT_FOUND without tokenizer.json, LM_ERR_UNSUPPORTED naming the
+ * component for other kinds (WordPiece, Unigram, an unknown pre-tokenizer ...),
+ * LM_ERR_FORMAT for malformed files. */
+lm_status lm_tokenizer_from_hf_folder(const char *dir, lm_tokenizer **out);
+
+/* The chat template of a Hugging Face folder: chat_template.jinja if present, else
+ * tokenizer_config.json's "chat_template" (a string, or a list of {"name", "template"}
+ * from which "default" is taken, else the first). *template_out is malloc'd, NUL
+ * terminated; the caller frees it. LM_ERR_NOT_FOUND when the folder has none. */
+lm_status lm_chat_template_from_hf_folder(const char *dir, char **template_out);
 
 void lm_tokenizer_free(lm_tokenizer *tok); /* NULL is a no-op */
 

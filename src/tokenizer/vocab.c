@@ -153,6 +153,7 @@ void lm_vocab_desc_init(lm_vocab_desc *d, lm_vocab_model model) {
     d->bos_id = d->eos_id = d->unk_id = d->pad_id = d->sep_id = d->eot_id = d->eom_id =
         LM_VOCAB_ID_DEFAULT;
     d->add_bos = d->add_eos = d->add_sep = d->add_space_prefix = -1;
+    d->clean_spaces = d->ignore_merges = -1;
 }
 
 /* ---- lookup ---- */
@@ -307,6 +308,10 @@ static lm_status build_merges(lm_vocab *v, const lm_vocab_desc *d) {
         size_t len = d->merges[i].len;
         /* split at the first space after the first byte, like llama.cpp */
         const char *sp = len > 1 ? memchr(s + 1, ' ', len - 1) : NULL;
+        if (d->merge_split) {
+            uint32_t k = d->merge_split[i];
+            sp = k > 0 && k + 1 < len && s[k] == ' ' ? s + k : NULL;
+        }
         if (!sp)
             return lm_error(LM_ERR_FORMAT, "tokenizer: merge %u has no space separator", i);
         memcpy(v->merge_text + off, s, len);
@@ -385,9 +390,15 @@ static void mark_control(lm_vocab *v, int32_t id) {
     if (id >= 0) v->tok[id].attr |= LM_TOKEN_ATTR_CONTROL;
 }
 
-static int32_t first_found(const lm_vocab *v, const char *const *texts) {
+/* With keep_types, text rules see only tokens that are already special. */
+static int32_t typed(const lm_vocab *v, bool keep_types, int32_t id) {
+    if (id < 0 || !keep_types) return id;
+    return v->tok[id].attr & (LM_TOKEN_ATTR_CONTROL | LM_TOKEN_ATTR_USER_DEFINED) ? id : LM_TOKEN_NULL;
+}
+
+static int32_t first_found(const lm_vocab *v, bool keep_types, const char *const *texts) {
     for (size_t i = 0; texts[i]; i++) {
-        int32_t id = lm_vocab_find(v, texts[i], strlen(texts[i]));
+        int32_t id = typed(v, keep_types, lm_vocab_find(v, texts[i], strlen(texts[i])));
         if (id >= 0) return id;
     }
     return LM_TOKEN_NULL;
@@ -429,21 +440,22 @@ static int cmp_special(const void *a, const void *b, void *ctx) {
 }
 
 static lm_status build_specials(lm_vocab *v, const lm_vocab_desc *d) {
-    if (v->eot == LM_TOKEN_NULL) v->eot = first_found(v, k_eot_texts);
+    bool kt = d->keep_types;
+    if (v->eot == LM_TOKEN_NULL) v->eot = first_found(v, kt, k_eot_texts);
     mark_control(v, v->eot);
-    if (v->eom == LM_TOKEN_NULL) v->eom = find_str(v, "<|eom_id|>");
+    if (v->eom == LM_TOKEN_NULL) v->eom = typed(v, kt, find_str(v, "<|eom_id|>"));
     mark_control(v, v->eom);
-    mark_control(v, first_found(v, k_fim_pre));
-    mark_control(v, first_found(v, k_fim_suf));
-    mark_control(v, first_found(v, k_fim_mid));
+    mark_control(v, first_found(v, kt, k_fim_pre));
+    mark_control(v, first_found(v, kt, k_fim_suf));
+    mark_control(v, first_found(v, kt, k_fim_mid));
     const char *const *fim_eog[] = {k_fim_pad, k_fim_rep, k_fim_sep};
     for (size_t i = 0; i < 3; i++) {
-        int32_t id = first_found(v, fim_eog[i]);
+        int32_t id = first_found(v, kt, fim_eog[i]);
         mark_control(v, id);
         if (!add_eog(v, id)) return lm_error(LM_ERR_NO_MEMORY, "tokenizer: out of memory");
     }
     for (size_t i = 0; k_eog_texts[i]; i++) {
-        int32_t id = find_str(v, k_eog_texts[i]);
+        int32_t id = typed(v, kt, find_str(v, k_eog_texts[i]));
         if (id < 0) continue;
         mark_control(v, id);
         if (!add_eog(v, id)) return lm_error(LM_ERR_NO_MEMORY, "tokenizer: out of memory");
@@ -451,7 +463,7 @@ static lm_status build_specials(lm_vocab *v, const lm_vocab_desc *d) {
     /* gpt-oss: these are always rendered, so they are user-defined */
     static const char *const always[] = {"<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"};
     for (size_t i = 0; i < 4; i++) {
-        int32_t id = find_str(v, always[i]);
+        int32_t id = typed(v, kt, find_str(v, always[i]));
         if (id >= 0) v->tok[id].attr = LM_TOKEN_ATTR_USER_DEFINED;
     }
     if (!add_eog(v, v->eos) || !add_eog(v, v->eot) || !add_eog(v, v->eom))
@@ -538,7 +550,17 @@ lm_status lm_vocab_build(const lm_vocab_desc *d, lm_vocab **out) {
         if (st) goto fail;
         def_bos = 11, def_eos = 11, def_unk = LM_TOKEN_NULL;
         v->clean_spaces = true;
-        if (d->pre.len) {
+        if (d->pre_explicit) {
+            if (d->n_pre_regex > LM_PRE_MAX_REGEX || (d->n_pre_regex && !d->pre_regex)) {
+                st = lm_error(LM_ERR_LIMIT, "tokenizer: %u pre-tokenizer regexes (limit %d)",
+                              d->n_pre_regex, LM_PRE_MAX_REGEX);
+                goto fail;
+            }
+            if (!lm_pretok_kind_of(d->pre_regex, d->n_pre_regex, &v->pre)) v->pre = LM_PRE_CUSTOM;
+            /* a tokenizer.json says what it wants; nothing comes from the kind */
+            v->clean_spaces = false;
+            def_bos = def_eos = LM_TOKEN_NULL;
+        } else if (d->pre.len) {
             if (!lm_pre_lookup(d->pre.ptr, d->pre.len, &v->pre, &v->clean_spaces,
                                &v->ignore_merges, &add_bos)) {
                 st = lm_error(LM_ERR_UNSUPPORTED, "tokenizer: unknown pre-tokenizer type '%.*s'",
@@ -550,7 +572,18 @@ lm_status lm_vocab_build(const lm_vocab_desc *d, lm_vocab **out) {
         def_bos = 1, def_eos = 2, def_unk = 0;
         add_bos = true;
         add_space_prefix = true;
+        if (d->spm_merges) {
+            v->spm_merges = true;
+            st = build_merges(v, d);
+            if (st) goto fail;
+        }
     }
+    if (d->clean_spaces >= 0) v->clean_spaces = d->clean_spaces != 0;
+    if (d->ignore_merges >= 0) v->ignore_merges = d->ignore_merges != 0;
+    v->normalizer = d->normalizer;
+    if (d->extra_attr)
+        for (uint32_t i = 0; i < v->n_tokens; i++)
+            v->tok[i].attr |= d->extra_attr[i] & (LM_TOKEN_ATTR_LSTRIP | LM_TOKEN_ATTR_RSTRIP);
     v->bos = pick_id(d->bos_id, def_bos, v->n_tokens);
     v->eos = pick_id(d->eos_id, def_eos, v->n_tokens);
     v->unk = pick_id(d->unk_id, def_unk, v->n_tokens);
@@ -580,8 +613,16 @@ lm_status lm_vocab_build(const lm_vocab_desc *d, lm_vocab **out) {
 
     st = build_specials(v, d);
     if (st) goto fail;
+    for (uint32_t i = 0; i < d->n_extra_eog && d->extra_eog; i++) {
+        int32_t id = d->extra_eog[i];
+        if (id >= 0 && (uint32_t)id < v->n_tokens && !add_eog(v, id)) {
+            st = lm_error(LM_ERR_NO_MEMORY, "tokenizer: out of memory");
+            goto fail;
+        }
+    }
     if (d->model == LM_VOCAB_BPE) {
-        st = lm_pretok_create(v->pre, &v->pretok);
+        st = d->pre_explicit ? lm_pretok_create_regexes(d->pre_regex, d->n_pre_regex, &v->pretok)
+                             : lm_pretok_create(v->pre, &v->pretok);
         if (st) goto fail;
     }
     st = lm_vocab_build_pieces(v);

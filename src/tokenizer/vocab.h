@@ -92,6 +92,7 @@ typedef enum lm_pre_kind {
     LM_PRE_HUNYUAN,
     LM_PRE_HUNYUAN_DENSE,
     LM_PRE_GROK2,
+    LM_PRE_CUSTOM, /* regexes given by the vocabulary description (tokenizer.json) */
     LM_PRE_COUNT_
 } lm_pre_kind;
 
@@ -106,6 +107,17 @@ typedef struct lm_strview {
 #define LM_VOCAB_ID_DEFAULT (-2)
 /* Tri-state flags: -1 = model default, 0 = false, 1 = true. */
 
+/* Unicode normalization applied to raw text before the model (tokenizer.json). */
+typedef enum lm_norm_kind {
+    LM_NORM_NONE = 0,
+    LM_NORM_NFC,
+    LM_NORM_NFD,
+    LM_NORM_NFKC,
+    LM_NORM_NFKD,
+} lm_norm_kind;
+
+#define LM_PRE_MAX_REGEX 8
+
 /* The plain description a vocabulary is built from. Every pointer is borrowed for the
  * duration of lm_vocab_build only (everything is copied). */
 typedef struct lm_vocab_desc {
@@ -118,8 +130,32 @@ typedef struct lm_vocab_desc {
     const int32_t *types;       /* [n_tokens] LM_TOKTYPE_* or NULL (all NORMAL)             */
     uint32_t n_merges;
     const lm_strview *merges;   /* [n_merges] "left right", rank = index (BPE only)         */
+    const uint32_t *merge_split; /* [n_merges] or NULL: length of "left" in merges[i] (for
+                                  * parts holding spaces); NULL: split at the first space
+                                  * after the first byte, as llama.cpp does */
     int32_t bos_id, eos_id, unk_id, pad_id, sep_id, eot_id, eom_id; /* LM_VOCAB_ID_DEFAULT... */
     int add_bos, add_eos, add_sep, add_space_prefix; /* tri-state, -1 = default */
+
+    /* Sources other than GGUF (tokenizer.json) also say: */
+    int clean_spaces, ignore_merges; /* tri-state, -1 = the pre-tokenizer's default        */
+    /* pre_explicit: the pre-tokenizer is the list of regexes below (each splits every
+     * piece into matches and the text between them), overriding `pre`; a list equal to
+     * a known kind's is reported as that kind, any other is LM_PRE_CUSTOM. */
+    bool pre_explicit;
+    uint32_t n_pre_regex;       /* <= LM_PRE_MAX_REGEX                                      */
+    const lm_strview *pre_regex;
+    /* SPM only: merge adjacent symbols by the rank of the pair in `merges` (a BPE model
+     * with byte fallback, as tokenizer.json writes SentencePiece vocabularies) instead of
+     * by the merged token's score. */
+    bool spm_merges;
+    lm_norm_kind normalizer;
+    /* keep_types: the token types are authoritative (tokenizer.json): the by-text rules
+     * (end-of-turn, FIM, "unused" markers) only touch tokens already typed control or
+     * user-defined, never ordinary ones. */
+    bool keep_types;
+    const uint32_t *extra_attr; /* [n_tokens] or NULL: LM_TOKEN_ATTR_LSTRIP/RSTRIP bits to add */
+    uint32_t n_extra_eog;       /* more end-of-generation ids (generation_config.json)      */
+    const int32_t *extra_eog;
 } lm_vocab_desc;
 
 /* Fills `d` with "everything default": ids LM_VOCAB_ID_DEFAULT, flags -1, no tokens. */
