@@ -1,0 +1,680 @@
+/* Every op of the CUDA backend against the CPU reference on random inputs, by
+ * normalized error ||gpu - ref|| / ||ref|| with a stated tolerance per op:
+ *  - matmul per weight format for n = 1, 3, 16, 130 (both kernel paths) against the
+ *    exact product of the decoded weights (double), with the CPU backend's own error
+ *    printed beside it; batch invariance within each path (bit-equal rows), and the
+ *    difference between the paths measured;
+ *  - get_rows (bit-exact decoding), rms_norm, add, add_bias, scale, rope (both
+ *    pairings, partial rotation, scaled positions), swiglu, geglu;
+ *  - kv_store (bit-equal cache contents) and attention over a paged cache with several
+ *    sequences, GQA, sliding window, long contexts (split-K), F16 and F32 caches;
+ *  - end to end: tiny random models of all three architectures, CUDA logits against
+ *    the CPU's on the exactly decoded weights, and GPU batch invariance.
+ * Exits 77 (skipped) when the build has no CUDA backend or no GPU is present. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend/backend.h"
+#include "kv/kv_cache.h"
+#include "model/forward.h"
+#include "tensor/quant.h"
+#include "test.h"
+#include "tiny_model.h"
+
+static lm_backend *g_cpu, *g_gpu;
+static uint64_t g_rng = 0x5eed;
+static int64_t g_mv_max_n = 16; /* the CUDA backend's default threshold (LUMEN_CUDA_MV_MAX_N) */
+static char g_dir[256];
+
+static float frand(void) { return (float)(tiny_rng(&g_rng) >> 40) / (float)(1u << 24) * 2.0f - 1.0f; }
+
+static void fill(float *x, int64_t n, float scale) {
+    for (int64_t i = 0; i < n; i++) x[i] = scale * frand();
+}
+
+static float *fmalloc(int64_t n) { return malloc(sizeof(float) * (size_t)(n > 0 ? n : 1)); }
+
+/* LUMEN_TEST_OPS_ON_CPU=1 runs the harness with a second CPU backend in the GPU's
+ * place (checks the test itself on a machine without a GPU; the CPU's 8-bit
+ * activations then fail the matmul tolerances, as expected). */
+static lm_status create_gpu(lm_backend **out) {
+    if (getenv("LUMEN_TEST_OPS_ON_CPU")) return lm_backend_cpu_create(2, out);
+    return lm_backend_cuda_create(0, out);
+}
+
+/* ---- device helpers ------------------------------------------------------------ */
+
+static void *gpu_upload(const void *h, size_t bytes) {
+    void *d = g_gpu->ops->alloc(g_gpu, bytes);
+    CHECK(d != NULL);
+    if (d) g_gpu->ops->upload(g_gpu, d, h, bytes);
+    return d;
+}
+
+static void gpu_download(void *h, const void *d, size_t bytes) { g_gpu->ops->download(g_gpu, h, d, bytes); }
+
+static void gpu_free(void *d) {
+    if (d) g_gpu->ops->free(g_gpu, d);
+}
+
+/* ---- comparisons --------------------------------------------------------------- */
+
+/* ||a - ref|| / ||ref||; infinite when a holds a NaN or infinity */
+static double nerr(const float *a, const float *ref, int64_t n) {
+    double num = 0.0, den = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        if (!isfinite(a[i])) return INFINITY;
+        double d = (double)a[i] - ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static double nerr_d(const float *a, const double *ref, int64_t n) {
+    double num = 0.0, den = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        if (!isfinite(a[i])) return INFINITY;
+        double d = (double)a[i] - ref[i];
+        num += d * d;
+        den += ref[i] * ref[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static int g_n_checks, g_n_bad;
+
+static void report(const char *op, const char *what, double err, double tol) {
+    bool ok = err <= tol;
+    g_n_checks++;
+    if (!ok) g_n_bad++;
+    printf("  %-10s %-40s nerr %9.2e  (tol %.0e) %s\n", op, what, err, tol, ok ? "ok" : "FAIL");
+    CHECK(err <= tol);
+}
+
+static bool bit_equal(const float *a, const float *b, int64_t n) { return memcmp(a, b, sizeof(float) * (size_t)n) == 0; }
+
+/* ---- weights ------------------------------------------------------------------- */
+
+typedef struct test_weight {
+    lm_tensor t, scales, biases; /* scales/biases: affine only */
+    void *data, *sdata, *bdata;
+    float *deq; /* [rows][cols]: the values the kernels must use */
+} test_weight;
+
+/* A random rows x cols matrix stored as `type` (LM_DTYPE_AFFINE: 4-bit, groups of 64,
+ * F16 scales and biases). */
+static void make_weight(test_weight *w, lm_dtype type, int64_t rows, int64_t cols) {
+    memset(w, 0, sizeof *w);
+    float *src = fmalloc(rows * cols);
+    fill(src, rows * cols, 1.0f);
+    w->deq = fmalloc(rows * cols);
+    w->t.name = "test.weight";
+    w->t.type = type;
+    w->t.n_dims = 2;
+    w->t.ne[0] = cols, w->t.ne[1] = rows, w->t.ne[2] = 1, w->t.ne[3] = 1;
+    if (type == LM_DTYPE_AFFINE) {
+        int bits = 4, group = 64;
+        int64_t ng = cols / group;
+        size_t rb = lm_affine_row_bytes(bits, cols);
+        w->data = malloc(rb * (size_t)rows);
+        w->sdata = malloc((size_t)(rows * ng) * 2);
+        w->bdata = malloc((size_t)(rows * ng) * 2);
+        for (int64_t r = 0; r < rows; r++) {
+            uint32_t *packed = (uint32_t *)((uint8_t *)w->data + (size_t)r * rb);
+            uint8_t *sc = (uint8_t *)w->sdata + (size_t)(r * ng) * 2, *bi = (uint8_t *)w->bdata + (size_t)(r * ng) * 2;
+            CHECK(lm_affine_quantize_row(bits, group, src + r * cols, packed, sc, bi, LM_DTYPE_F16, cols));
+            CHECK(lm_affine_dequantize_row(bits, group, packed, sc, bi, LM_DTYPE_F16, w->deq + r * cols, cols));
+        }
+        w->scales.name = "test.scales", w->scales.type = LM_DTYPE_F16, w->scales.n_dims = 2;
+        w->scales.ne[0] = ng, w->scales.ne[1] = rows, w->scales.ne[2] = w->scales.ne[3] = 1;
+        w->scales.data = w->sdata, w->scales.nbytes = (size_t)(rows * ng) * 2;
+        w->biases = w->scales;
+        w->biases.name = "test.biases", w->biases.data = w->bdata;
+        w->t.scales = &w->scales, w->t.biases = &w->biases, w->t.group_size = group, w->t.bits = bits;
+        w->t.data = w->data, w->t.nbytes = rb * (size_t)rows;
+    } else {
+        size_t rb = lm_dtype_row_bytes(type, cols);
+        w->data = malloc(rb * (size_t)rows);
+        for (int64_t r = 0; r < rows; r++) {
+            CHECK(lm_quantize_row(type, src + r * cols, (uint8_t *)w->data + (size_t)r * rb, cols));
+            CHECK(lm_dequantize_row(type, (uint8_t *)w->data + (size_t)r * rb, w->deq + r * cols, cols));
+        }
+        w->t.data = w->data, w->t.nbytes = rb * (size_t)rows;
+    }
+    free(src);
+}
+
+static void free_weight(test_weight *w) { free(w->data), free(w->sdata), free(w->bdata), free(w->deq); }
+
+static bool type_is_native(lm_dtype t) {
+    switch (t) {
+    case LM_DTYPE_F32: case LM_DTYPE_F16: case LM_DTYPE_BF16: case LM_DTYPE_Q4_0: case LM_DTYPE_Q4_1:
+    case LM_DTYPE_Q5_0: case LM_DTYPE_Q5_1: case LM_DTYPE_Q8_0: case LM_DTYPE_Q2_K: case LM_DTYPE_Q3_K:
+    case LM_DTYPE_Q4_K: case LM_DTYPE_Q5_K: case LM_DTYPE_Q6_K:
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* y [n][rows] on the GPU for x [n][cols] (host) */
+static float *gpu_matmul(lm_weight *gw, const float *x, int64_t n, int64_t rows, int64_t cols) {
+    float *dx = gpu_upload(x, sizeof(float) * (size_t)(n * cols));
+    float *dy = g_gpu->ops->alloc(g_gpu, sizeof(float) * (size_t)(n * rows));
+    float *y = fmalloc(n * rows);
+    lm_status st = g_gpu->ops->matmul(g_gpu, gw, dx, n, dy);
+    if (st) fprintf(stderr, "matmul: %s\n", lm_last_error());
+    CHECK(st == LM_OK);
+    gpu_download(y, dy, sizeof(float) * (size_t)(n * rows));
+    gpu_free(dx), gpu_free(dy);
+    return y;
+}
+
+static void test_matmul_type(lm_dtype type, int64_t rows, int64_t cols, const int64_t *ns, int n_ns) {
+    test_weight w;
+    make_weight(&w, type, rows, cols);
+    lm_weight *gw = NULL, *cw = NULL;
+    lm_status st = g_gpu->ops->weight_create(g_gpu, &w.t, &gw);
+    if (st) fprintf(stderr, "weight_create(%s): %s\n", lm_dtype_name(type), lm_last_error());
+    CHECK(st == LM_OK);
+    CHECK(g_cpu->ops->weight_create(g_cpu, &w.t, &cw) == LM_OK);
+    if (!gw || !cw) return;
+    int64_t n_max = 0;
+    for (int i = 0; i < n_ns; i++) n_max = ns[i] > n_max ? ns[i] : n_max;
+    float *x = fmalloc(n_max * cols);
+    fill(x, n_max * cols, 1.0f);
+    float *y1 = NULL, *y_small = NULL, *y_big = NULL;
+    int64_t n_small = 0, n_big = 0;
+    for (int i = 0; i < n_ns; i++) {
+        int64_t n = ns[i];
+        double *ref = malloc(sizeof(double) * (size_t)(n * rows));
+        for (int64_t t = 0; t < n; t++)
+            for (int64_t r = 0; r < rows; r++) {
+                double s = 0.0;
+                for (int64_t k = 0; k < cols; k++) s += (double)w.deq[r * cols + k] * x[t * cols + k];
+                ref[t * rows + r] = s;
+            }
+        float *yg = gpu_matmul(gw, x, n, rows, cols);
+        float *yc = fmalloc(n * rows);
+        CHECK(g_cpu->ops->matmul(g_cpu, cw, x, n, yc) == LM_OK);
+        bool mv = n <= g_mv_max_n;
+        /* mv: exact f32 on the exactly decoded weights (formats without a device
+         * decoder are stored as f16); GEMM: bf16 activations and weights, f32 sums
+         * (F32 weights: f32 throughout) */
+        double tol = mv ? (type_is_native(type) ? 1e-5 : 2e-3) : type == LM_DTYPE_F32 ? 1e-5 : 1e-2;
+        char what[96];
+        snprintf(what, sizeof what, "%-6s %5lldx%-5lld n=%-4lld %-4s (cpu %.1e)", lm_dtype_name(type),
+                 (long long)rows, (long long)cols, (long long)n, mv ? "mv" : "gemm", nerr_d(yc, ref, n * rows));
+        report("matmul", what, nerr_d(yg, ref, n * rows), tol);
+        if (n == 1) y1 = yg, yg = NULL;
+        else if (mv && n > n_small) free(y_small), y_small = yg, n_small = n, yg = NULL;
+        else if (!mv && n > n_big) free(y_big), y_big = yg, n_big = n, yg = NULL;
+        free(yg), free(yc), free(ref);
+    }
+    /* batch invariance: the first tokens of a smaller call within each path */
+    for (int i = 0; i < n_ns; i++) {
+        int64_t n = ns[i];
+        if (n == 1 || n == n_small || n == n_big) continue;
+        float *yg = gpu_matmul(gw, x, n, rows, cols);
+        bool mv = n <= g_mv_max_n;
+        const float *big = mv ? y_small : y_big;
+        if (big && !bit_equal(yg, big, n * rows)) {
+            fprintf(stderr, "%s n=%lld: results differ from the same tokens in a batch of %lld\n",
+                    lm_dtype_name(type), (long long)n, (long long)(mv ? n_small : n_big));
+            CHECK(false);
+        }
+        free(yg);
+    }
+    if (y1 && y_small) CHECK(bit_equal(y1, y_small, rows)); /* n=1 inside the mv path */
+    if (y1 && y_big) {
+        double d = nerr(y_big, y1, rows);
+        printf("  %-10s %-40s %s%.2e\n", "invariance", lm_dtype_name(type),
+               "token 0 at n=1 (mv) vs in a GEMM batch: nerr ", d);
+    }
+    free(y1), free(y_small), free(y_big), free(x);
+    g_gpu->ops->weight_free(g_gpu, gw);
+    g_cpu->ops->weight_free(g_cpu, cw);
+    free_weight(&w);
+}
+
+static void test_matmul(void) {
+    static const lm_dtype types[] = {LM_DTYPE_F32,  LM_DTYPE_F16,  LM_DTYPE_BF16, LM_DTYPE_Q4_0, LM_DTYPE_Q4_1,
+                                     LM_DTYPE_Q5_0, LM_DTYPE_Q5_1, LM_DTYPE_Q8_0, LM_DTYPE_Q2_K, LM_DTYPE_Q3_K,
+                                     LM_DTYPE_Q4_K, LM_DTYPE_Q5_K, LM_DTYPE_Q6_K, LM_DTYPE_Q8_1, LM_DTYPE_Q8_K,
+                                     LM_DTYPE_AFFINE};
+    static const int64_t ns[] = {1, 3, 16, 130, 40};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) test_matmul_type(types[i], 200, 512, ns, 5);
+    /* long rows (several warps per row), and more rows than one GEMM tile */
+    static const int64_t ns2[] = {1, 130};
+    test_matmul_type(LM_DTYPE_Q4_K, 96, 8960, ns2, 2);
+    test_matmul_type(LM_DTYPE_Q6_K, 16500, 512, ns2, 2);
+    test_matmul_type(LM_DTYPE_BF16, 16500, 256, ns2, 2);
+}
+
+static void test_get_rows(void) {
+    static const lm_dtype types[] = {LM_DTYPE_F32,  LM_DTYPE_F16,  LM_DTYPE_BF16, LM_DTYPE_Q4_0,
+                                     LM_DTYPE_Q4_1, LM_DTYPE_Q5_0, LM_DTYPE_Q5_1, LM_DTYPE_Q8_0,
+                                     LM_DTYPE_Q2_K, LM_DTYPE_Q3_K, LM_DTYPE_Q4_K, LM_DTYPE_Q5_K,
+                                     LM_DTYPE_Q6_K, LM_DTYPE_Q8_K, LM_DTYPE_AFFINE};
+    const int64_t rows = 300, cols = 768, n = 37;
+    int32_t ids[37];
+    for (int i = 0; i < n; i++) ids[i] = (int32_t)(tiny_rng(&g_rng) % rows);
+    ids[5] = ids[6]; /* repeats are fine */
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        test_weight w;
+        make_weight(&w, types[i], rows, cols);
+        lm_weight *gw = NULL;
+        CHECK(g_gpu->ops->weight_create(g_gpu, &w.t, &gw) == LM_OK);
+        if (!gw) continue;
+        float *d = g_gpu->ops->alloc(g_gpu, sizeof(float) * (size_t)(n * cols));
+        float *got = fmalloc(n * cols), *want = fmalloc(n * cols);
+        g_gpu->ops->get_rows(g_gpu, gw, ids, n, d);
+        gpu_download(got, d, sizeof(float) * (size_t)(n * cols));
+        for (int64_t j = 0; j < n; j++) memcpy(want + j * cols, w.deq + ids[j] * cols, sizeof(float) * (size_t)cols);
+        char what[64];
+        snprintf(what, sizeof what, "%s%s", lm_dtype_name(types[i]),
+                 type_is_native(types[i]) ? " (bit-exact)" : " (stored as f16)");
+        report("get_rows", what, nerr(got, want, n * cols), type_is_native(types[i]) ? 0.0 : 1e-3);
+        gpu_free(d), free(got), free(want);
+        g_gpu->ops->weight_free(g_gpu, gw);
+        free_weight(&w);
+    }
+}
+
+/* ---- element-wise ops ---------------------------------------------------------- */
+
+static void test_rms_norm(void) {
+    struct { int64_t n, d; bool weight, alias; } cases[] = {{7, 1536, true, false}, {40 * 12, 128, true, true},
+                                                            {3, 2048, false, false}, {1, 64, true, true}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int64_t n = cases[c].n, d = cases[c].d;
+        float *x = fmalloc(n * d), *w = fmalloc(d), *ref = fmalloc(n * d), *got = fmalloc(n * d);
+        fill(x, n * d, 3.0f);
+        fill(w, d, 1.0f);
+        g_cpu->ops->rms_norm(g_cpu, x, cases[c].weight ? w : NULL, n, d, 1e-6f, ref);
+        float *dx = gpu_upload(x, sizeof(float) * (size_t)(n * d)), *dw = gpu_upload(w, sizeof(float) * (size_t)d);
+        float *dy = cases[c].alias ? dx : g_gpu->ops->alloc(g_gpu, sizeof(float) * (size_t)(n * d));
+        g_gpu->ops->rms_norm(g_gpu, dx, cases[c].weight ? dw : NULL, n, d, 1e-6f, dy);
+        gpu_download(got, dy, sizeof(float) * (size_t)(n * d));
+        char what[64];
+        snprintf(what, sizeof what, "n=%lld d=%lld%s%s", (long long)n, (long long)d, cases[c].weight ? "" : " no w",
+                 cases[c].alias ? " in place" : "");
+        report("rms_norm", what, nerr(got, ref, n * d), 1e-6);
+        if (!cases[c].alias) gpu_free(dy);
+        gpu_free(dx), gpu_free(dw);
+        free(x), free(w), free(ref), free(got);
+    }
+}
+
+static void test_arith(void) {
+    const int64_t n = 7, d = 1536;
+    float *y = fmalloc(n * d), *x = fmalloc(n * d), *bias = fmalloc(d), *ref = fmalloc(n * d), *got = fmalloc(n * d);
+    fill(y, n * d, 2.0f);
+    fill(x, n * d, 2.0f);
+    fill(bias, d, 1.0f);
+    float *dy = gpu_upload(y, sizeof(float) * (size_t)(n * d)), *dx = gpu_upload(x, sizeof(float) * (size_t)(n * d));
+    float *db = gpu_upload(bias, sizeof(float) * (size_t)d);
+    memcpy(ref, y, sizeof(float) * (size_t)(n * d));
+    g_cpu->ops->add(g_cpu, ref, x, n * d);
+    g_cpu->ops->add_bias(g_cpu, ref, bias, n, d);
+    g_cpu->ops->scale(g_cpu, ref, 0.37f, n * d);
+    g_gpu->ops->add(g_gpu, dy, dx, n * d);
+    g_gpu->ops->add_bias(g_gpu, dy, db, n, d);
+    g_gpu->ops->scale(g_gpu, dy, 0.37f, n * d);
+    gpu_download(got, dy, sizeof(float) * (size_t)(n * d));
+    report("add+bias", "add, add_bias, scale (bit-exact)", nerr(got, ref, n * d), 0.0);
+    gpu_free(dy), gpu_free(dx), gpu_free(db);
+    free(y), free(x), free(bias), free(ref), free(got);
+}
+
+static void test_rope(void) {
+    struct { int64_t n_head, hd, n_rot; float theta, fscale; lm_rope_mode mode; } cases[] = {
+        {6, 64, 64, 10000.0f, 1.0f, LM_ROPE_NORM},   {6, 64, 64, 10000.0f, 1.0f, LM_ROPE_NEOX},
+        {4, 128, 64, 1e6f, 0.25f, LM_ROPE_NEOX},     {2, 256, 256, 1e6f, 1.0f, LM_ROPE_NEOX},
+        {3, 80, 32, 500000.0f, 1.0f, LM_ROPE_NORM}};
+    const int64_t n = 9;
+    int32_t pos[9];
+    for (int i = 0; i < n; i++) pos[i] = (int32_t)(tiny_rng(&g_rng) % 5000);
+    pos[0] = 0;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int64_t len = n * cases[c].n_head * cases[c].hd;
+        float *x = fmalloc(len), *got = fmalloc(len);
+        fill(x, len, 1.0f);
+        float *dx = gpu_upload(x, sizeof(float) * (size_t)len);
+        g_cpu->ops->rope(g_cpu, x, n, cases[c].n_head, cases[c].hd, cases[c].n_rot, pos, cases[c].theta,
+                         cases[c].fscale, cases[c].mode);
+        g_gpu->ops->rope(g_gpu, dx, n, cases[c].n_head, cases[c].hd, cases[c].n_rot, pos, cases[c].theta,
+                         cases[c].fscale, cases[c].mode);
+        gpu_download(got, dx, sizeof(float) * (size_t)len);
+        char what[64];
+        snprintf(what, sizeof what, "%s hd=%lld rot=%lld theta=%g scale=%g", cases[c].mode == LM_ROPE_NEOX ? "neox" : "norm",
+                 (long long)cases[c].hd, (long long)cases[c].n_rot, cases[c].theta, cases[c].fscale);
+        report("rope", what, nerr(got, x, len), 1e-6);
+        gpu_free(dx), free(x), free(got);
+    }
+}
+
+static void test_activations(void) {
+    const int64_t n = 20000;
+    float *g = fmalloc(n), *u = fmalloc(n), *ref = fmalloc(n), *got = fmalloc(n);
+    fill(g, n, 12.0f);
+    fill(u, n, 2.0f);
+    float *dg = gpu_upload(g, sizeof(float) * (size_t)n), *du = gpu_upload(u, sizeof(float) * (size_t)n);
+    float *dout = g_gpu->ops->alloc(g_gpu, sizeof(float) * (size_t)n);
+    g_cpu->ops->swiglu(g_cpu, g, u, n, ref);
+    g_gpu->ops->swiglu(g_gpu, dg, du, n, dout);
+    gpu_download(got, dout, sizeof(float) * (size_t)n);
+    report("swiglu", "20000 values in [-12, 12]", nerr(got, ref, n), 1e-6);
+    g_cpu->ops->geglu(g_cpu, g, u, n, ref);
+    g_gpu->ops->geglu(g_gpu, dg, du, n, dg); /* in place, as the forward pass calls it */
+    gpu_download(got, dg, sizeof(float) * (size_t)n);
+    report("geglu", "20000 values, f16 activations, in place", nerr(got, ref, n), 1e-4);
+    gpu_free(dg), gpu_free(du), gpu_free(dout);
+    free(g), free(u), free(ref), free(got);
+}
+
+static void test_memory(void) {
+    const int64_t n = 1000;
+    float *h = fmalloc(n), *got = fmalloc(n), *want = fmalloc(n);
+    fill(h, n, 1.0f);
+    float *d = gpu_upload(h, sizeof(float) * (size_t)n);
+    /* overlapping copy (memmove semantics), both directions */
+    g_gpu->ops->copy(g_gpu, d + 10, d, sizeof(float) * 500);
+    memcpy(want, h, sizeof(float) * (size_t)n);
+    memmove(want + 10, want, sizeof(float) * 500);
+    g_gpu->ops->copy(g_gpu, d, d + 3, sizeof(float) * 600);
+    memmove(want, want + 3, sizeof(float) * 600);
+    gpu_download(got, d, sizeof(float) * (size_t)n);
+    report("copy", "upload, overlapping copies, download", nerr(got, want, n), 0.0);
+    gpu_free(d);
+    free(h), free(got), free(want);
+}
+
+/* ---- KV cache and attention ---------------------------------------------------- */
+
+typedef struct attn_case {
+    int64_t n_head, n_head_kv, hd, window;
+    lm_dtype type;
+} attn_case;
+
+enum { N_SEQ = 3 };
+static const int64_t k_seq_len[N_SEQ] = {5, 77, 1100};
+
+static void run_attention_case(const attn_case *ac) {
+    const int64_t n_layer = 2, layer = 1, bs = 16, d_kv = ac->n_head_kv * ac->hd, d_q = ac->n_head * ac->hd;
+    int64_t total = 0, max_len = 0;
+    for (int s = 0; s < N_SEQ; s++) total += k_seq_len[s], max_len = k_seq_len[s] > max_len ? k_seq_len[s] : max_len;
+    lm_kv_cache *kc = NULL, *kg = NULL;
+    int64_t n_blocks = (max_len / bs + 2) * N_SEQ;
+    CHECK(lm_kv_cache_create(g_cpu, n_layer, d_kv, bs, n_blocks, N_SEQ, ac->type, &kc) == LM_OK);
+    CHECK(lm_kv_cache_create(g_gpu, n_layer, d_kv, bs, n_blocks, N_SEQ, ac->type, &kg) == LM_OK);
+    if (!kc || !kg) return;
+    /* reserve in rounds so the sequences' blocks interleave in the pool */
+    for (int64_t upto = bs; upto < max_len + bs; upto += bs)
+        for (int s = 0; s < N_SEQ; s++) {
+            int64_t want = upto < k_seq_len[s] ? upto : k_seq_len[s];
+            CHECK(lm_kv_cache_reserve(kc, s, want) == LM_OK);
+            CHECK(lm_kv_cache_reserve(kg, s, want) == LM_OK);
+        }
+    /* every position of every sequence, stored in one batch */
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)total), *seq = malloc(sizeof(int32_t) * (size_t)total);
+    int64_t t = 0;
+    for (int s = 0; s < N_SEQ; s++)
+        for (int64_t p = 0; p < k_seq_len[s]; p++) pos[t] = (int32_t)p, seq[t] = s, t++;
+    float *k = fmalloc(total * d_kv), *v = fmalloc(total * d_kv);
+    fill(k, total * d_kv, 1.0f);
+    fill(v, total * d_kv, 1.0f);
+    lm_attn_batch all = {total, pos, seq};
+    float *dk = gpu_upload(k, sizeof(float) * (size_t)(total * d_kv));
+    float *dv = gpu_upload(v, sizeof(float) * (size_t)(total * d_kv));
+    g_cpu->ops->kv_store(g_cpu, kc, layer, &all, k, v);
+    g_gpu->ops->kv_store(g_gpu, kg, layer, &all, dk, dv);
+    size_t layer_bytes = (size_t)(n_blocks * bs * d_kv) * kc->elem_size;
+    /* compare the slots written (the rest of the pool is uninitialized memory) */
+    uint8_t *cache = malloc(layer_bytes);
+    bool same = true;
+    size_t row = (size_t)d_kv * kc->elem_size;
+    for (int kvi = 0; kvi < 2; kvi++) {
+        const uint8_t *want = (const uint8_t *)(kvi ? kc->v : kc->k) + layer_bytes;
+        gpu_download(cache, (uint8_t *)(kvi ? kg->v : kg->k) + layer_bytes, layer_bytes);
+        for (int64_t i = 0; i < total; i++) {
+            size_t off = (size_t)lm_kv_cache_slot(kc, seq[i], pos[i]) * row;
+            same = same && lm_kv_cache_slot(kc, seq[i], pos[i]) == lm_kv_cache_slot(kg, seq[i], pos[i]) &&
+                   memcmp(cache + off, want + off, row) == 0;
+        }
+    }
+    char what[96];
+    snprintf(what, sizeof what, "%s cache, %lld tokens of %d sequences (bit-exact)", lm_dtype_name(ac->type),
+             (long long)total, N_SEQ);
+    report("kv_store", what, same ? 0.0 : 1.0, 0.0);
+    free(cache);
+
+    /* batches: decode (the last position of each sequence), then a prefill-like mix */
+    int32_t bpos[64], bseq[64];
+    int64_t nb[2] = {0, 0};
+    for (int s = 0; s < N_SEQ; s++) bpos[nb[0]] = (int32_t)(k_seq_len[s] - 1), bseq[nb[0]++] = s;
+    int32_t *ppos = bpos + 8, *pseq = bseq + 8;
+    for (int64_t p = k_seq_len[1] - 40; p < k_seq_len[1]; p++) ppos[nb[1]] = (int32_t)p, pseq[nb[1]++] = 1;
+    for (int64_t p = 0; p < k_seq_len[0]; p++) ppos[nb[1]] = (int32_t)p, pseq[nb[1]++] = 0;
+    for (int64_t p = k_seq_len[2] - 3; p < k_seq_len[2]; p++) ppos[nb[1]] = (int32_t)p, pseq[nb[1]++] = 2;
+    const float scale = 1.0f / sqrtf((float)ac->hd);
+    float *dec_q = NULL, *dec_out = NULL; /* the decode batch's queries and GPU results */
+    for (int bi = 0; bi < 2; bi++) {
+        int64_t n = nb[bi];
+        lm_attn_batch b = {n, bi == 0 ? bpos : ppos, bi == 0 ? bseq : pseq};
+        float *q = fmalloc(n * d_q), *ref = fmalloc(n * d_q), *got = fmalloc(n * d_q);
+        fill(q, n * d_q, 2.0f);
+        if (bi == 1) {
+            /* the last tokens of seq 1 and seq 2 again, with their decode queries */
+            memcpy(q + 39 * d_q, dec_q + 1 * d_q, sizeof(float) * (size_t)d_q);
+            memcpy(q + (n - 1) * d_q, dec_q + 2 * d_q, sizeof(float) * (size_t)d_q);
+        }
+        float *dq = gpu_upload(q, sizeof(float) * (size_t)(n * d_q));
+        float *dout = g_gpu->ops->alloc(g_gpu, sizeof(float) * (size_t)(n * d_q));
+        CHECK(g_cpu->ops->attention(g_cpu, kc, layer, &b, q, ac->n_head, ac->n_head_kv, ac->hd, ac->window, scale,
+                                    ref) == LM_OK);
+        lm_status st = g_gpu->ops->attention(g_gpu, kg, layer, &b, dq, ac->n_head, ac->n_head_kv, ac->hd,
+                                             ac->window, scale, dout);
+        if (st) fprintf(stderr, "attention: %s\n", lm_last_error());
+        CHECK(st == LM_OK);
+        gpu_download(got, dout, sizeof(float) * (size_t)(n * d_q));
+        snprintf(what, sizeof what, "%s %s hd=%lld heads %lld/%lld win=%lld n=%lld", lm_dtype_name(ac->type),
+                 bi == 0 ? "decode " : "prefill", (long long)ac->hd, (long long)ac->n_head, (long long)ac->n_head_kv,
+                 (long long)ac->window, (long long)n);
+        /* the F16 reference rounds the softmax weights to f16; we keep them f32 */
+        report("attention", what, nerr(got, ref, n * d_q), ac->type == LM_DTYPE_F16 ? 2e-3 : 1e-5);
+        if (bi == 0) {
+            dec_q = q, dec_out = got, q = got = NULL;
+        } else {
+            /* a token's result does not depend on the batch around it (split-K included) */
+            CHECK(bit_equal(got + 39 * d_q, dec_out + 1 * d_q, d_q));
+            CHECK(bit_equal(got + (n - 1) * d_q, dec_out + 2 * d_q, d_q));
+        }
+        free(q), free(ref), free(got), gpu_free(dq), gpu_free(dout);
+    }
+    free(dec_q), free(dec_out);
+    gpu_free(dk), gpu_free(dv);
+    free(k), free(v), free(pos), free(seq);
+    lm_kv_cache_free(kc);
+    lm_kv_cache_free(kg);
+}
+
+static void test_attention(void) {
+    const attn_case cases[] = {
+        {8, 2, 64, 0, LM_DTYPE_F32},    {8, 2, 64, 0, LM_DTYPE_F16},   {12, 2, 128, 0, LM_DTYPE_F16},
+        {12, 2, 128, 0, LM_DTYPE_F32},  {4, 1, 256, 37, LM_DTYPE_F16}, {4, 1, 256, 700, LM_DTYPE_F32},
+        {4, 4, 64, 0, LM_DTYPE_F16},    {6, 3, 16, 8, LM_DTYPE_F32},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_attention_case(&cases[i]);
+}
+
+/* ---- end to end: tiny random models -------------------------------------------- */
+
+enum { E2E_TOK = 23 };
+
+static lm_model_internal *load_model(lm_backend *b, const char *path) {
+    lm_model_internal *m = NULL;
+    lm_status st = lm_model_internal_load(path, b, &m);
+    if (st) fprintf(stderr, "load %s: %s\n", path, lm_last_error());
+    CHECK(st == LM_OK);
+    return m;
+}
+
+/* logits of every token of a batch of `n_seq` sequences, interleaved token by token
+ * (n_seq = 1: one sequence as one batch); out [n_seq * E2E_TOK][n_vocab] */
+static void run_interleaved(lm_model_internal *m, lm_dtype kv_type, int n_seq, float *out) {
+    int32_t tok[2 * E2E_TOK], pos[2 * E2E_TOK], seq[2 * E2E_TOK];
+    int8_t want[2 * E2E_TOK];
+    for (int i = 0; i < E2E_TOK; i++)
+        for (int s = 0; s < n_seq; s++) {
+            int j = i * n_seq + s;
+            tok[j] = (int32_t)((i * 37 + s * 101 + 5) % m->hp.n_vocab), pos[j] = i, seq[j] = s, want[j] = 1;
+        }
+    lm_kv_cache *kv = NULL;
+    CHECK(lm_kv_cache_for_model(m, 64, 2, kv_type, &kv) == LM_OK);
+    lm_batch b = {n_seq * E2E_TOK, tok, pos, seq, want};
+    lm_status st = lm_forward(m, kv, &b, out);
+    if (st) fprintf(stderr, "forward: %s\n", lm_last_error());
+    CHECK(st == LM_OK);
+    lm_kv_cache_free(kv);
+}
+
+/* sequence 0 fed one token at a time (decode steps); out [E2E_TOK][n_vocab] */
+static void run_steps(lm_model_internal *m, lm_dtype kv_type, float *out) {
+    lm_kv_cache *kv = NULL;
+    CHECK(lm_kv_cache_for_model(m, 64, 1, kv_type, &kv) == LM_OK);
+    for (int i = 0; i < E2E_TOK; i++) {
+        int32_t tok = (int32_t)((i * 37 + 5) % m->hp.n_vocab), p = i, s = 0;
+        lm_batch b = {1, &tok, &p, &s, NULL};
+        CHECK(lm_forward(m, kv, &b, out + (int64_t)i * m->hp.n_vocab) == LM_OK);
+    }
+    lm_kv_cache_free(kv);
+}
+
+static int64_t argmax_row(const float *x, int64_t n) {
+    int64_t best = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+static void test_e2e(lm_backend *gpu_exact, lm_arch arch, lm_dtype type, lm_dtype kv_type) {
+    tiny_spec s = tiny_default(arch);
+    s.matrix_type = type;
+    if (type == LM_DTYPE_Q4_K || type == LM_DTYPE_Q6_K || type == LM_DTYPE_Q5_K) {
+        s.n_embd = 256, s.n_ff = 512, s.head_dim = 64; /* K-quant rows are multiples of 256 */
+    }
+    tiny_model tm;
+    tiny_build(&tm, s);
+    char pq[512], pf[512];
+    snprintf(pq, sizeof pq, "%s/%s-%s.gguf", g_dir, lm_arch_name(arch), lm_dtype_name(type));
+    snprintf(pf, sizeof pf, "%s/%s-%s-exact.gguf", g_dir, lm_arch_name(arch), lm_dtype_name(type));
+    CHECK(tiny_write_gguf(&tm, pq, NULL) == LM_OK);
+    /* the same weights exactly decoded, as F32: the exact math of the quantized model */
+    for (int i = 0; i < tm.n; i++) {
+        tiny_tensor *t = &tm.t[i];
+        if (t->ne1 == 1 || type == LM_DTYPE_F32) continue;
+        size_t rb = lm_dtype_row_bytes(type, t->ne0);
+        uint8_t *q = malloc(rb);
+        for (int64_t r = 0; r < t->ne1; r++) {
+            lm_quantize_row(type, t->data + r * t->ne0, q, t->ne0);
+            lm_dequantize_row(type, q, t->data + r * t->ne0, t->ne0);
+        }
+        free(q);
+    }
+    tm.spec.matrix_type = LM_DTYPE_F32;
+    CHECK(tiny_write_gguf(&tm, pf, NULL) == LM_OK);
+    tiny_free(&tm);
+    lm_model_internal *mg = load_model(g_gpu, pq), *mc = load_model(g_cpu, pq), *mf = load_model(g_cpu, pf);
+    lm_model_internal *mx = load_model(gpu_exact, pq);
+    if (!mg || !mc || !mf || !mx) return;
+    int64_t V = mg->hp.n_vocab, n = 2 * E2E_TOK;
+    float *ref = fmalloc(n * V), *gpu = fmalloc(n * V), *cpu = fmalloc(n * V), *alone = fmalloc(E2E_TOK * V);
+    float *steps = fmalloc(E2E_TOK * V);
+    run_interleaved(mf, LM_DTYPE_F32, 2, ref);
+    run_interleaved(mg, kv_type, 2, gpu);
+    run_interleaved(mc, kv_type, 2, cpu);
+    double eg = nerr(gpu, ref, n * V), ec = nerr(cpu, ref, n * V);
+    int agree = 0;
+    for (int64_t i = 0; i < n; i++) agree += argmax_row(gpu + i * V, V) == argmax_row(ref + i * V, V);
+    /* within the CPU backend's own distance from the exact math (8-bit activations),
+     * or close to exact where the CPU is exact too (F32 weights) */
+    double tol = type == LM_DTYPE_F32 ? (kv_type == LM_DTYPE_F32 ? 1e-4 : 2e-3) : fmax(2.0 * ec, 5e-3);
+    char what[96];
+    snprintf(what, sizeof what, "%-6s %-4s KV %s: top-1 %d/%lld (cpu %.1e)", lm_arch_name(arch), lm_dtype_name(type),
+             lm_dtype_name(kv_type), agree, (long long)n, ec);
+    report("model", what, eg, tol);
+
+    /* batch invariance on the GPU: sequence 0 alone vs interleaved with another */
+    run_interleaved(mg, kv_type, 1, alone);
+    bool same_path = (E2E_TOK <= g_mv_max_n) == (n <= g_mv_max_n);
+    bool inv = true;
+    for (int i = 0; i < E2E_TOK; i++) inv = inv && bit_equal(alone + i * V, gpu + (2 * i) * V, V);
+    if (same_path) CHECK(inv);
+    run_steps(mg, kv_type, steps);
+    printf("  %-10s %-40s %s, decode steps vs batch nerr %.2e\n", "invariance", what,
+           inv ? "alone == interleaved (bit-equal)" : "alone != interleaved", nerr(steps, alone, E2E_TOK * V));
+    /* the all-matrix-vector configuration is bit batch-invariant, decode steps included */
+    run_interleaved(mx, kv_type, 2, gpu);
+    run_steps(mx, kv_type, steps);
+    inv = true;
+    for (int i = 0; i < E2E_TOK; i++) inv = inv && bit_equal(steps + i * V, gpu + (2 * i) * V, V);
+    printf("  %-10s %-40s %s\n", "invariance", "LUMEN_CUDA_MV_MAX_N=1e9",
+           inv ? "decode steps == interleaved batch (bit-equal)" : "decode steps != interleaved batch");
+    CHECK(inv);
+    free(ref), free(gpu), free(cpu), free(alone), free(steps);
+    lm_model_internal_free(mg), lm_model_internal_free(mc), lm_model_internal_free(mf), lm_model_internal_free(mx);
+    unlink(pq), unlink(pf);
+}
+
+static void test_models(void) {
+    /* a second CUDA backend whose products all take the matrix-vector path */
+    setenv("LUMEN_CUDA_MV_MAX_N", "1000000000", 1);
+    lm_backend *exact = NULL;
+    CHECK(create_gpu(&exact) == LM_OK);
+    if (!exact) return;
+    static const lm_arch archs[] = {LM_ARCH_LLAMA, LM_ARCH_QWEN2, LM_ARCH_GEMMA3};
+    for (int a = 0; a < 3; a++) {
+        test_e2e(exact, archs[a], LM_DTYPE_F32, LM_DTYPE_F32);
+        test_e2e(exact, archs[a], LM_DTYPE_Q8_0, LM_DTYPE_F16);
+        test_e2e(exact, archs[a], LM_DTYPE_Q4_K, LM_DTYPE_F16);
+        test_e2e(exact, archs[a], LM_DTYPE_Q6_K, LM_DTYPE_F32);
+    }
+    lm_backend_free(exact);
+    (void)tiny_write_hf;
+}
+
+int main(void) {
+    lm_status st = create_gpu(&g_gpu);
+    if (st == LM_ERR_UNSUPPORTED) {
+        printf("SKIPPED: %s\n", lm_last_error());
+        return LM_TEST_SKIP;
+    }
+    if (st) {
+        fprintf(stderr, "lm_backend_cuda_create: %s\n", lm_last_error());
+        return 1;
+    }
+    const char *mv = getenv("LUMEN_CUDA_MV_MAX_N");
+    if (mv && atoll(mv) > 0) g_mv_max_n = atoll(mv);
+    CHECK(lm_backend_cpu_create(2, &g_cpu) == LM_OK);
+    snprintf(g_dir, sizeof g_dir, "/tmp/lumen_backend_ops_XXXXXX");
+    CHECK(mkdtemp(g_dir) != NULL);
+    /* the model tests set LUMEN_CUDA_MV_MAX_N for a second backend: read ours first */
+    printf("CUDA backend vs CPU reference (matrix-vector path up to n=%lld)\n", (long long)g_mv_max_n);
+    test_memory();
+    test_get_rows();
+    test_matmul();
+    test_rms_norm();
+    test_arith();
+    test_rope();
+    test_activations();
+    test_attention();
+    test_models();
+    printf("%d comparisons, %d over tolerance\n", g_n_checks, g_n_bad);
+    lm_backend_free(g_gpu);
+    lm_backend_free(g_cpu);
+    TEST_MAIN_END();
+}
