@@ -219,11 +219,20 @@ int main(int argc, char **argv) {
     int threads = getenv("LUMEN_TEST_THREADS") ? atoi(getenv("LUMEN_TEST_THREADS")) : 2;
     lm_backend *b = NULL;
     lm_model_internal *m = NULL;
-    if (lm_backend_cpu_create(threads, &b) || lm_model_internal_load(model_path, b, &m)) {
+    /* LUMEN_TEST_BACKEND=cuda: the same checks on the CUDA backend (skipped without a GPU) */
+    const char *which = getenv("LUMEN_TEST_BACKEND");
+    bool cuda = which && strcmp(which, "cuda") == 0;
+    lm_status bst = cuda ? lm_backend_cuda_create(0, &b) : lm_backend_cpu_create(threads, &b);
+    if (cuda && bst == LM_ERR_UNSUPPORTED) {
+        printf("SKIPPED: %s\n", lm_last_error());
+        cJSON_Delete(golden);
+        return LM_TEST_SKIP;
+    }
+    if (bst || lm_model_internal_load(model_path, b, &m)) {
         fprintf(stderr, "cannot load %s: %s\n", model_path, lm_last_error());
         return 1;
     }
-    printf("%s (%s)\n", argv[1], model_path);
+    printf("%s (%s) on %s\n", argv[1], model_path, b->ops->name);
     check_sequences(m, cJSON_GetObjectItem(golden, "sequences"));
     check_greedy(m, cJSON_GetObjectItem(golden, "greedy"));
     lm_model_internal_free(m);
