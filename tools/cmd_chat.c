@@ -152,6 +152,7 @@ int cmd_chat(int argc, char **argv) {
         fflush(stdout);
         gen_sigint_pending = 0;
         int got = read_line(&line, &line_cap);
+        if (got > 0) gen_sigint_pending = 0; /* a Ctrl-C from here on is meant for the answer */
         if (got < 0) {
             printf("\n(Ctrl-C: type /exit or press Ctrl-D to leave)\n");
             continue;
@@ -185,6 +186,7 @@ int cmd_chat(int argc, char **argv) {
         }
         free(ids);
         gen_sigint_watch(req);
+        if (gen_sigint_pending) lm_request_cancel(req); /* Ctrl-C pressed while the prompt was prepared */
         size_t answer_len = 0;
         lm_step s;
         lm_status st;

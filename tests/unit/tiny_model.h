@@ -25,7 +25,7 @@ typedef struct tiny_spec {
     uint64_t seed;
 } tiny_spec;
 
-static tiny_spec tiny_default(lm_arch arch) {
+static inline tiny_spec tiny_default(lm_arch arch) {
     tiny_spec s = {arch, 256, 64, 2, 4, 2, 16, 128, 0, LM_DTYPE_Q8_0, 1234};
     if (arch == LM_ARCH_GEMMA3) {
         s.n_layer = 6;       /* five sliding-window layers and one global */
@@ -36,7 +36,7 @@ static tiny_spec tiny_default(lm_arch arch) {
     return s;
 }
 
-static uint64_t tiny_rng(uint64_t *s) {
+static inline uint64_t tiny_rng(uint64_t *s) {
     *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
     uint64_t x = *s;
     x ^= x >> 33;
@@ -46,7 +46,7 @@ static uint64_t tiny_rng(uint64_t *s) {
 }
 
 /* uniform in [-scale, scale) */
-static void tiny_fill(uint64_t *rng, float *dst, int64_t n, float scale, float offset) {
+static inline void tiny_fill(uint64_t *rng, float *dst, int64_t n, float scale, float offset) {
     for (int64_t i = 0; i < n; i++)
         dst[i] = offset + scale * ((float)(tiny_rng(rng) >> 40) / (float)(1u << 24) * 2.0f - 1.0f);
 }
@@ -64,7 +64,7 @@ typedef struct tiny_model {
     int n;
 } tiny_model;
 
-static void tiny_add(tiny_model *m, uint64_t *rng, const char *gguf, const char *hf, int layer, int64_t ne0,
+static inline void tiny_add(tiny_model *m, uint64_t *rng, const char *gguf, const char *hf, int layer, int64_t ne0,
                      int64_t ne1, bool is_norm) {
     tiny_tensor *t = &m->t[m->n++];
     snprintf(t->gguf_name, sizeof t->gguf_name, gguf, layer);
@@ -79,7 +79,7 @@ static void tiny_add(tiny_model *m, uint64_t *rng, const char *gguf, const char 
         tiny_fill(rng, t->data, ne0 * ne1, 1.0f / (float)ne0 * 3.0f, 0.0f);
 }
 
-static void tiny_build(tiny_model *m, tiny_spec s) {
+static inline void tiny_build(tiny_model *m, tiny_spec s) {
     memset(m, 0, sizeof *m);
     m->spec = s;
     uint64_t rng = s.seed;
@@ -121,15 +121,17 @@ static void tiny_build(tiny_model *m, tiny_spec s) {
     }
 }
 
-static void tiny_free(tiny_model *m) {
+static inline void tiny_free(tiny_model *m) {
     for (int i = 0; i < m->n; i++) free(m->t[i].data);
     m->n = 0;
 }
 
-static const char *tiny_gguf_arch(lm_arch a) { return lm_arch_name(a); }
+static inline const char *tiny_gguf_arch(lm_arch a) { return lm_arch_name(a); }
 
-/* Writes the model as GGUF. `skip` names a tensor to leave out (bad-input tests). */
-static lm_status tiny_write_gguf(const tiny_model *m, const char *path, const char *skip) {
+/* Writes the model as GGUF. `skip` names a tensor to leave out (bad-input tests);
+ * `extra`, if not NULL, adds metadata (a tokenizer, a chat template) to the writer. */
+static inline lm_status tiny_write_gguf_ex(const tiny_model *m, const char *path, const char *skip,
+                                    void (*extra)(lm_gguf_writer *w, void *user), void *user) {
     const tiny_spec *s = &m->spec;
     lm_gguf_writer *w = lm_gguf_writer_create();
     const char *arch = tiny_gguf_arch(s->arch);
@@ -149,6 +151,7 @@ static lm_status tiny_write_gguf(const tiny_model *m, const char *path, const ch
     lm_gguf_writer_set_f32(w, TINY_KEY("rope.freq_base"), s->arch == LM_ARCH_GEMMA3 ? 1e6f : 10000.0f);
     if (s->sliding_window) lm_gguf_writer_set_u32(w, TINY_KEY("attention.sliding_window"), (uint32_t)s->sliding_window);
 #undef TINY_KEY
+    if (extra) extra(w, user);
     void **bufs = calloc((size_t)m->n, sizeof(void *));
     lm_status st = LM_OK;
     for (int i = 0; i < m->n && st == LM_OK; i++) {
@@ -169,11 +172,15 @@ static lm_status tiny_write_gguf(const tiny_model *m, const char *path, const ch
     return st;
 }
 
+static inline lm_status tiny_write_gguf(const tiny_model *m, const char *path, const char *skip) {
+    return tiny_write_gguf_ex(m, path, skip, NULL, NULL);
+}
+
 /* Writes the model as a Hugging Face folder: config.json + model.safetensors with
  * F32 weights (the HF layout: Gemma norms stored as w - 1). Only for architectures
  * whose GGUF and HF layouts share RoPE pairing (qwen2, gemma3), so both files hold
  * the same model. */
-static lm_status tiny_write_hf(const tiny_model *m, const char *dir) {
+static inline lm_status tiny_write_hf(const tiny_model *m, const char *dir) {
     const tiny_spec *s = &m->spec;
     mkdir(dir, 0755);
     char path[1024];
