@@ -177,16 +177,116 @@ static lm_status encode_word(bpe_ctx *c, const char *raw, size_t len, lm_ivec *o
     return LM_OK;
 }
 
-lm_status lm_bpe_encode(const lm_vocab *v, const char *text, size_t len, lm_ivec *out) {
+/* ---- the per-call word cache ----
+ * Open addressing over (hash, word) -> the word's ids, both kept in arenas. Words longer
+ * than CACHE_MAX_WORD are not cached (rare, and they would crowd the arenas); the table
+ * stops growing at CACHE_MAX_ENTRIES so a text of all-distinct words costs only the
+ * probes. */
+#define CACHE_MAX_WORD 64
+#define CACHE_MAX_ENTRIES (1u << 18)
+
+typedef struct cache_ent {
+    uint64_t h;        /* 0: empty */
+    uint32_t woff, wlen;
+    uint32_t ioff, nids;
+} cache_ent;
+
+struct lm_bpe_cache {
+    cache_ent *tab;
+    size_t mask, count;
+    lm_bytes words;
+    lm_ivec ids;
+};
+
+void lm_bpe_cache_free(lm_bpe_cache *c) {
+    if (!c) return;
+    free(c->tab);
+    free(c->words.p);
+    free(c->ids.v);
+    free(c);
+}
+
+static uint64_t word_hash(const char *s, size_t n) {
+    uint64_t h = lm_tok_hash(s, n);
+    return h ? h : 1;
+}
+
+static cache_ent *cache_slot(lm_bpe_cache *c, uint64_t h, const char *w, size_t n) {
+    size_t i = (size_t)h & c->mask;
+    for (;;) {
+        cache_ent *e = &c->tab[i];
+        if (e->h == 0) return e;
+        if (e->h == h && e->wlen == n && memcmp(c->words.p + e->woff, w, n) == 0) return e;
+        i = (i + 1) & c->mask;
+    }
+}
+
+static bool cache_grow(lm_bpe_cache *c) {
+    size_t cap = c->tab ? (c->mask + 1) * 2 : 1024;
+    cache_ent *t = calloc(cap, sizeof *t);
+    if (!t) return false;
+    for (size_t i = 0; c->tab && i <= c->mask; i++) {
+        cache_ent *e = &c->tab[i];
+        if (!e->h) continue;
+        size_t j = (size_t)e->h & (cap - 1);
+        while (t[j].h) j = (j + 1) & (cap - 1);
+        t[j] = *e;
+    }
+    free(c->tab);
+    c->tab = t;
+    c->mask = cap - 1;
+    return true;
+}
+
+lm_status lm_bpe_encode(const lm_vocab *v, const char *text, size_t len, lm_bpe_cache **cachep,
+                        lm_ivec *out) {
     lm_spanvec words = {0};
     lm_status st = lm_pretok_split(v->pretok, text, len, &words);
     if (st) {
         free(words.v);
         return st;
     }
+    lm_bpe_cache *cache = *cachep;
+    if (!cache) {
+        cache = calloc(1, sizeof *cache);
+        if (!cache || !cache_grow(cache)) {
+            lm_bpe_cache_free(cache);
+            free(words.v);
+            return lm_error(LM_ERR_NO_MEMORY, "tokenizer: out of memory");
+        }
+        *cachep = cache;
+    }
     bpe_ctx c = {.v = v};
-    for (size_t i = 0; i < words.n && !st; i++)
-        st = encode_word(&c, text + words.v[i].off, words.v[i].len, out);
+    for (size_t i = 0; i < words.n && !st; i++) {
+        const char *w = text + words.v[i].off;
+        size_t wn = words.v[i].len;
+        if (wn > CACHE_MAX_WORD) {
+            st = encode_word(&c, w, wn, out);
+            continue;
+        }
+        uint64_t h = word_hash(w, wn);
+        cache_ent *e = cache_slot(cache, h, w, wn);
+        if (e->h) {
+            for (uint32_t k = 0; k < e->nids; k++)
+                if (!lm_ivec_push(out, cache->ids.v[e->ioff + k])) st = LM_ERR_NO_MEMORY;
+            continue;
+        }
+        size_t start = out->n;
+        st = encode_word(&c, w, wn, out);
+        if (st || cache->count >= CACHE_MAX_ENTRIES || cache->ids.n > UINT32_MAX / 2 ||
+            cache->words.n > UINT32_MAX / 2)
+            continue;
+        uint32_t woff = (uint32_t)cache->words.n, ioff = (uint32_t)cache->ids.n;
+        bool ok = lm_bytes_append(&cache->words, w, wn);
+        for (size_t k = start; ok && k < out->n; k++) ok = lm_ivec_push(&cache->ids, out->v[k]);
+        if (!ok) {
+            st = LM_ERR_NO_MEMORY;
+            continue;
+        }
+        *e = (cache_ent){h, woff, (uint32_t)wn, ioff, (uint32_t)(out->n - start)};
+        /* keep the load under 1/2 */
+        if (++cache->count * 2 > cache->mask + 1 && !cache_grow(cache)) st = LM_ERR_NO_MEMORY;
+    }
     free(words.v);
     free(c.word.p);
     free(c.syms);

@@ -120,8 +120,13 @@ lm_status lm_pretok_split(const lm_pretok *p, const char *text, size_t len, lm_s
 
 /* ---- models ---- */
 
-/* Appends the tokens of one raw-text fragment. */
-lm_status lm_bpe_encode(const lm_vocab *v, const char *text, size_t len, lm_ivec *out);
+/* Appends the tokens of one raw-text fragment. BPE keeps a per-call cache of the words it
+ * has merged (*cache: NULL at first, allocated on demand, freed by the caller with
+ * lm_bpe_cache_free once the whole text is done); words repeat, merging is the cost. */
+typedef struct lm_bpe_cache lm_bpe_cache;
+lm_status lm_bpe_encode(const lm_vocab *v, const char *text, size_t len, lm_bpe_cache **cache,
+                        lm_ivec *out);
+void lm_bpe_cache_free(lm_bpe_cache *c);
 lm_status lm_spm_encode(const lm_vocab *v, const char *text, size_t len, lm_ivec *out);
 
 /* ---- normalization (normalize.c) ---- */

@@ -75,22 +75,26 @@ static lm_status tokenize_into(const lm_vocab *v, const char *text, size_t len,
     } else {
         if (add_special && v->add_bos && !lm_ivec_push(out, v->bos)) goto oom;
         lm_bytes norm = {0};
+        lm_bpe_cache *cache = NULL;
         for (size_t i = 0; i < frags.n && !st; i++) {
             const lm_fragment *f = &frags.v[i];
             if (f->token != LM_TOKEN_NULL) {
                 if (!lm_ivec_push(out, f->token)) {
                     free(norm.p);
+        lm_bpe_cache_free(cache);
+                    lm_bpe_cache_free(cache);
                     goto oom;
                 }
             } else if (v->normalizer != LM_NORM_NONE) {
                 norm.n = 0;
                 st = lm_normalize(v->normalizer, text + f->off, f->len, &norm);
-                if (!st) st = lm_bpe_encode(v, norm.p, norm.n, out);
+                if (!st) st = lm_bpe_encode(v, norm.p, norm.n, &cache, out);
             } else {
-                st = lm_bpe_encode(v, text + f->off, f->len, out);
+                st = lm_bpe_encode(v, text + f->off, f->len, &cache, out);
             }
         }
         free(norm.p);
+        lm_bpe_cache_free(cache);
         if (st) goto done;
         if (add_special && v->add_eos && !lm_ivec_push(out, v->eos)) goto oom;
     }
