@@ -33,9 +33,12 @@ lm_status lm_model_store_resolve(const char *spec, char *buf, size_t cap) {
     }
     if (strchr(spec, '/') || strcmp(spec, "..") == 0 || strcmp(spec, ".") == 0) {
         /* "org/name": a repo id in the Hugging Face cache layout */
-        if (lm_hub_repo_id_valid(spec) && lm_hub_resolve(spec, buf, cap) == LM_OK) return LM_OK;
-        return lm_error(LM_ERR_NOT_FOUND, "model %s: no such path, and no repo '%s' in the Hugging Face cache", spec,
-                        spec);
+        if (!lm_hub_repo_id_valid(spec)) return lm_error(LM_ERR_NOT_FOUND, "model path %s does not exist", spec);
+        if (lm_hub_resolve(spec, buf, cap) == LM_OK) return LM_OK;
+        char hub[2048];
+        lm_hub_dir(hub, sizeof hub);
+        return lm_error(LM_ERR_NOT_FOUND, "model %s: no such path, and no such repo in the Hugging Face cache (%s)",
+                        spec, hub);
     }
     char home[2048], dir[4096];
     lm_model_store_home(home, sizeof home);
