@@ -6,10 +6,8 @@
 #   run(command="bash bench/cuda_device_run.sh", carry=[".deps"])
 #
 # Needs: the working tree; .deps/root (Debian packages unpacked with dpkg -x: cJSON,
-# PCRE2, utf8proc, libmicrohttpd, pkgconf), prepared on the build machine with
-#   apt-get download libcjson1 libcjson-dev libpcre2-dev libpcre2-8-0 libmicrohttpd12 \
-#     libmicrohttpd-dev libutf8proc2 libutf8proc-dev pkgconf pkgconf-bin libpkgconf3
-#   for f in *.deb; do dpkg -x "$f" .deps/root; done   (symlinks replaced by copies)
+# PCRE2, utf8proc, libmicrohttpd, pkgconf; about 4 MB), prepared on the build machine
+# with `bash bench/cuda_device_run.sh --prepare-deps`.
 # Optional: .lumen-home/models/<name>/<file>.gguf (a `lumen pull` store) for the
 # golden test; the carry limit (64 MiB with the tree) leaves room only for small
 # models, so by default that step is skipped and the tiny-model end-to-end checks of
@@ -20,6 +18,27 @@ set -euo pipefail
 
 T0=$(date +%s)
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+# On the build machine (which reaches the Debian mirror): fill .deps and stop.
+if [ "${1:-}" = "--prepare-deps" ]; then
+  tmp="$(mktemp -d)"
+  (cd "$tmp" && apt-get download libcjson1 libcjson-dev libpcre2-dev libpcre2-8-0 libmicrohttpd12 \
+     libmicrohttpd-dev libutf8proc2 libutf8proc-dev pkgconf pkgconf-bin libpkgconf3)
+  rm -rf "$ROOT/.deps"
+  mkdir -p "$ROOT/.deps/root"
+  for f in "$tmp"/*.deb; do dpkg -x "$f" "$ROOT/.deps/root"; done
+  rm -rf "$tmp"
+  cd "$ROOT/.deps/root"
+  rm -rf usr/share/doc usr/share/man usr/share/lintian usr/share/info usr/lib/x86_64-linux-gnu/*.a
+  # the carry may not keep symlinks: replace each by a copy of its target
+  find . -type l | while read -r l; do
+    t="$(readlink -f "$l")"
+    rm "$l"
+    if [ -f "$t" ]; then cp "$t" "$l"; fi
+  done
+  du -sh "$ROOT/.deps"
+  exit 0
+fi
 OUT="${OUT:-$ROOT/cuda-run-out}"
 BUILD="${LUMEN_CUDA_BUILD:-$ROOT/build-cuda-device}"
 DEPS="$ROOT/.deps/root"
