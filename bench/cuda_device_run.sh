@@ -144,10 +144,12 @@ grep -E "device copy|decode step" "$OUT/bench_cuda_matvec.log" || true
 echo "--- crossover: gate 8960x1536 by n (us/call) ---"
 awk '$2 == "gate" {printf "  %-6s n=%-4s %9s us  %6s TFLOP/s\n", $1, $4, $5, $7}' "$OUT/bench_cuda_matvec.log" || true
 
-if [ "$(elapsed)" -lt 330 ] && command -v compute-sanitizer > /dev/null 2>&1; then
+SANITIZER="$(command -v compute-sanitizer || true)"
+[ -n "$SANITIZER" ] || SANITIZER="$(dirname "$NVCC")/compute-sanitizer"
+if [ "$(elapsed)" -lt 330 ] && [ -x "$SANITIZER" ]; then
   step "compute-sanitizer memcheck on the quick op tests"
   set +e
-  (cd "$ROOT" && LUMEN_TEST_OPS_QUICK=1 timeout $(( 510 - $(elapsed) )) compute-sanitizer --tool memcheck \
+  (cd "$ROOT" && LUMEN_TEST_OPS_QUICK=1 timeout $(( 510 - $(elapsed) )) "$SANITIZER" --tool memcheck \
      --error-exitcode 9 "$BIN/test_backend_ops") > "$OUT/memcheck.log" 2>&1
   MC_RC=$?
   set -e
