@@ -5,7 +5,9 @@ usage: test_cli_run.py LUMEN_BINARY GOLDEN_DIR
 
   - greedy generation through the CLI equals llama.cpp's greedy continuations in
     GOLDEN_DIR/smollm2-135m.json (the user message goes through the model's chat
-    template; --json gives the token ids), with the near-tie rule of docs/GOLDEN.md;
+    template; --json gives the token ids), with the near-tie rule of docs/GOLDEN.md
+    (extended as in tests/unit/golden_generate.c to near-ties of three tokens that both
+    computations see);
     where all 64 tokens match, the plain-text output equals llama.cpp's text;
   - --json-final, --stop, a repo id from a Hugging Face cache layout;
   - bad input: a missing model, an empty prompt, a prompt longer than the context,
@@ -50,10 +52,11 @@ def test_greedy(lumen, golden):
         user = g["messages"][-1]["content"]
         n = len(g["generated"])
         rc, out, err = run(lumen, MODEL, "-p", user, "--temp", "0", "--ignore-eos", "-n", str(n), "--json",
-                           "-t", "2")
+                           "--logprobs", "20", "-t", "2")
         check(rc == 0, "greedy %d: exit status %d: %s" % (k, rc, err))
         lines = [json.loads(l) for l in out.splitlines() if l.strip()]
-        tokens = [o["token"] for o in lines if "token" in o and o["token"] >= 0]
+        steps = [o for o in lines if "token" in o and o["token"] >= 0]
+        tokens = [o["token"] for o in steps]
         final = lines[-1] if lines else {}
         check(final.get("stats", {}).get("prompt_tokens") == len(g["prompt_tokens"]),
               "greedy %d: the chat template gives llama.cpp's %d prompt tokens" % (k, len(g["prompt_tokens"])))
@@ -65,8 +68,14 @@ def test_greedy(lumen, golden):
                 check(False, "greedy %d: only %d tokens" % (k, len(tokens)))
                 break
             if tokens[i] != want:
+                # llama.cpp's token in our own logits (top 20)
+                ours = {t["token"]: t["logprob"] for t in steps[i].get("top_logprobs", [])}
+                our_gap = steps[i]["logprob"] - ours[want] if want in ours else float("inf")
                 if g["gaps"][i] < TIE_GAP and tokens[i] == g["second"][i]:
                     verdict = "diverged at a near-tie (allowed)"
+                elif g["gaps"][i] < TIE_GAP and our_gap < TIE_GAP:
+                    verdict = "diverged at a near-tie of 3+ tokens seen by both (allowed; gaps %.3f, %.3f)" % (
+                        g["gaps"][i], our_gap)
                 else:
                     verdict = "DIVERGED"
                     check(False, "greedy %d: step %d: ours %d, llama.cpp %d (gap %.3f)"
