@@ -280,7 +280,8 @@ def hf_folder_from_gguf(name, kv):
         if add_prefix:
             steps.insert(0, {"type": "Prepend", "prepend": "\u2581"})
         normalizer = steps[0] if len(steps) == 1 else {"type": "Sequence", "normalizers": steps}
-        pre_tok = None
+        # as transformers' GemmaTokenizer writes it (a no-op: no space survives the normalizer)
+        pre_tok = {"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious", "invert": False}
         decoder = {"type": "Sequence", "decoders": [
             {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
             {"type": "ByteFallback"}, {"type": "Fuse"}]}

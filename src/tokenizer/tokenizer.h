@@ -60,7 +60,13 @@ lm_status lm_tokenizer_from_gguf(const lm_gguf *g, lm_tokenizer **out);
  * matched), as llama.cpp's converter types them, so a folder and its GGUF conversion
  * tokenize alike. LM_ERR_NOT_FOUND without tokenizer.json, LM_ERR_UNSUPPORTED naming the
  * component for other kinds (WordPiece, Unigram, an unknown pre-tokenizer ...),
- * LM_ERR_FORMAT for malformed files. */
+ * LM_ERR_FORMAT for malformed files.
+ * Known differences from Hugging Face `tokenizers`: added tokens are matched longest
+ * first (llama.cpp's rule) rather than leftmost-longest; their single_word and
+ * normalized flags are ignored (always matched in the raw text); Metaspace
+ * prepend_scheme "first" adds the space after special tokens too; decode follows
+ * llama.cpp (a removed BOS keeps the first piece's space). Tested exactly against
+ * `tokenizers` on the three real models' vocabularies (tests/unit/test_tokenizer_models.c). */
 lm_status lm_tokenizer_from_hf_folder(const char *dir, lm_tokenizer **out);
 
 /* The chat template of a Hugging Face folder: chat_template.jinja if present, else

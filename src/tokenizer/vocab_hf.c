@@ -251,6 +251,9 @@ static lm_status parse_pretok(hf_ctx *c, const cJSON *p, int depth) {
     }
     if (strcmp(t, "Split") == 0) {
         const cJSON *beh = cJSON_GetObjectItemCaseSensitive(p, "behavior");
+        /* Gemma's files split on " " after a normalizer that left no space: a no-op */
+        const cJSON *sp = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(p, "pattern"), "String");
+        if (c->spm_replace && c->n_regex == 0 && str_is(sp, " ")) return LM_OK;
         if (!str_is(beh, "Isolated"))
             return unsupported(c, "pre-tokenizer Split behavior", cJSON_IsString(beh) ? beh->valuestring : "?");
         if (get_bool(p, "invert", false)) return unsupported(c, "pre-tokenizer Split option", "invert: true");

@@ -142,6 +142,25 @@ static void test_spm(void) {
     }
     free(k);
     free(j);
+
+    /* Gemma's files add a Split on " " after the normalizer replaced every space: a no-op */
+    j = strdup(k_spm_json);
+    const char *split = "\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"String\":\" \"},"
+                        "\"behavior\":\"MergedWithPrevious\",\"invert\":false}";
+    a = strstr(j, "\"pre_tokenizer\":null");
+    k = malloc(strlen(j) + strlen(split) + 1);
+    la = (size_t)(a - j);
+    memcpy(k, j, la);
+    strcpy(k + la, split);
+    strcat(k, a + strlen("\"pre_tokenizer\":null"));
+    st = load(k, NULL, NULL, &t);
+    CHECK(st == LM_OK);
+    if (t) {
+        check_ids(t, "hi hi", false, false, (int32_t[]){10, 10}, 2);
+        lm_tokenizer_free(t);
+    }
+    free(k);
+    free(j);
 }
 
 /* Replaces the first occurrence of `from` in the base JSON with `to` and expects `want`
