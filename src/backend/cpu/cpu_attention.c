@@ -16,6 +16,8 @@
 #include "kv/kv_cache.h"
 #include "tensor/quant.h"
 
+enum { KEY_RUN = 16 };
+
 static inline float round_f16(float x) { return lm_f16_to_f32(lm_f32_to_f16(x)); }
 
 /* sum a[i] * h[i] with h in f16, and y[i] += w * h[i]: F16C where the CPU has it. The
@@ -38,16 +40,17 @@ __attribute__((target("avx2,fma,f16c"))) static float dot_f16_avx2(const float *
     return r;
 }
 
-__attribute__((target("avx2,fma,f16c"))) static void axpy_f16_avx2(double *y, float w, const uint16_t *h, int64_t n) {
+__attribute__((target("avx2,fma,f16c"))) static void axpy_f16_avx2(float *y, float w, const uint16_t *h, int64_t n) {
     int64_t i = 0;
-    __m256d wv = _mm256_set1_pd(w);
-    for (; i + 8 <= n; i += 8) {
-        __m256 v = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i)));
-        _mm256_storeu_pd(y + i, _mm256_fmadd_pd(wv, _mm256_cvtps_pd(_mm256_castps256_ps128(v)), _mm256_loadu_pd(y + i)));
-        _mm256_storeu_pd(y + i + 4,
-                         _mm256_fmadd_pd(wv, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)), _mm256_loadu_pd(y + i + 4)));
-    }
-    for (; i < n; i++) y[i] += (double)w * lm_f16_to_f32(h[i]);
+    __m256 wv = _mm256_set1_ps(w);
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(wv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))),
+                                                _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += w * lm_f16_to_f32(h[i]);
+}
+
+__attribute__((target("f16c"))) static float round_f16_f16c(float x) {
+    return _cvtsh_ss(_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT));
 }
 #endif
 
@@ -57,12 +60,13 @@ static float dot_f16_scalar(const float *a, const uint16_t *h, int64_t n) {
     return r;
 }
 
-static void axpy_f16_scalar(double *y, float w, const uint16_t *h, int64_t n) {
-    for (int64_t i = 0; i < n; i++) y[i] += (double)w * lm_f16_to_f32(h[i]);
+static void axpy_f16_scalar(float *y, float w, const uint16_t *h, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += w * lm_f16_to_f32(h[i]);
 }
 
 typedef float (*dot_f16_fn)(const float *, const uint16_t *, int64_t);
-typedef void (*axpy_f16_fn)(double *, float, const uint16_t *, int64_t);
+typedef void (*axpy_f16_fn)(float *, float, const uint16_t *, int64_t);
+typedef float (*round_fn)(float);
 
 void lm_cpu_kv_store(lm_backend *b, lm_kv_cache *kv, int64_t layer, const lm_attn_batch *batch, const float *k,
                      const float *v) {
@@ -92,7 +96,7 @@ typedef struct attn_job {
     int64_t n_head, n_head_kv, head_dim, window;
     float scale;
     float *out;
-    uint8_t *scratch; /* per thread: acc [head_dim] f64, row [head_dim] f32, q [head_dim] f32, scores */
+    uint8_t *scratch; /* per thread: total [head_dim] f64; acc [head_dim], q [head_dim], scores [max_pos + 1] f32 */
     size_t scratch_per_thread;
 } attn_job;
 
@@ -109,13 +113,14 @@ static void attn_worker(void *ctx, int ith, int nth) {
     bool f16 = kv->type == LM_DTYPE_F16;
     dot_f16_fn dot_f16 = dot_f16_scalar;
     axpy_f16_fn axpy_f16 = axpy_f16_scalar;
+    round_fn to_f16 = round_f16;
 #if defined(__x86_64__)
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
-        dot_f16 = dot_f16_avx2, axpy_f16 = axpy_f16_avx2;
+        dot_f16 = dot_f16_avx2, axpy_f16 = axpy_f16_avx2, to_f16 = round_f16_f16c;
 #endif
     uint8_t *mine = j->scratch + (size_t)ith * j->scratch_per_thread;
-    double *acc = (double *)mine;
-    float *qv = (float *)(acc + hd), *scores = qv + 2 * hd;
+    double *total = (double *)mine;
+    float *acc = (float *)(total + hd), *qv = acc + hd, *scores = qv + hd;
     int64_t i0, i1;
     lm_split_range(j->batch->n_tokens * j->n_head, ith, nth, &i0, &i1);
     for (int64_t item = i0; item < i1; item++) {
@@ -124,7 +129,7 @@ static void attn_worker(void *ctx, int ith, int nth) {
         int64_t pos = j->batch->pos[t];
         int64_t lo = j->window > 0 && pos - j->window + 1 > 0 ? pos - j->window + 1 : 0;
         const float *q = j->q + (t * j->n_head + h) * hd;
-        for (int64_t e = 0; e < hd; e++) qv[e] = f16 ? round_f16(q[e]) : q[e];
+        for (int64_t e = 0; e < hd; e++) qv[e] = f16 ? to_f16(q[e]) : q[e];
         float mx = -INFINITY;
         for (int64_t p = lo; p <= pos; p++) {
             size_t off = kv_off(kv, layer_off, lm_kv_cache_slot(kv, seq, p), hk, hd);
@@ -139,19 +144,26 @@ static void attn_worker(void *ctx, int ith, int nth) {
             scores[p - lo] = e;
             sum += e;
         }
-        memset(acc, 0, (size_t)hd * sizeof(double));
+        /* values are summed in f32 over runs of KEY_RUN keys, the runs in f64: the
+         * accuracy of a pairwise sum at the cost of a plain one */
+        memset(acc, 0, (size_t)hd * sizeof(float));
+        memset(total, 0, (size_t)hd * sizeof(double));
         for (int64_t p = lo; p <= pos; p++) {
             size_t off = kv_off(kv, layer_off, lm_kv_cache_slot(kv, seq, p), hk, hd);
             float w = (float)(scores[p - lo] / sum);
             if (f16) {
-                axpy_f16(acc, round_f16(w), (const uint16_t *)kv->v + off, hd);
+                axpy_f16(acc, to_f16(w), (const uint16_t *)kv->v + off, hd);
             } else {
                 const float *v = (const float *)kv->v + off;
-                for (int64_t e = 0; e < hd; e++) acc[e] += (double)w * v[e];
+                for (int64_t e = 0; e < hd; e++) acc[e] += w * v[e];
+            }
+            if ((p - lo) % KEY_RUN == KEY_RUN - 1 || p == pos) {
+                for (int64_t e = 0; e < hd; e++) total[e] += acc[e];
+                memset(acc, 0, (size_t)hd * sizeof(float));
             }
         }
         float *o = j->out + (t * j->n_head + h) * hd;
-        for (int64_t e = 0; e < hd; e++) o[e] = (float)acc[e];
+        for (int64_t e = 0; e < hd; e++) o[e] = (float)total[e];
     }
 }
 
@@ -162,7 +174,7 @@ lm_status lm_cpu_attention(lm_backend *b, const lm_kv_cache *kv, int64_t layer, 
     for (int64_t t = 0; t < batch->n_tokens; t++)
         if (batch->pos[t] > max_pos) max_pos = batch->pos[t];
     int nth = lm_threadpool_size(lm_cpu_pool(b));
-    size_t per = (size_t)head_dim * (sizeof(double) + 2 * sizeof(float)) + (size_t)(max_pos + 1) * sizeof(float);
+    size_t per = (size_t)head_dim * sizeof(double) + (size_t)(2 * head_dim + max_pos + 1) * sizeof(float);
     per = (per + 63) & ~(size_t)63;
     uint8_t *scratch = lm_cpu_scratch(b, LM_SCRATCH_ATTN, per * (size_t)nth);
     if (!scratch) return lm_error(LM_ERR_NO_MEMORY, "out of memory for attention scores");

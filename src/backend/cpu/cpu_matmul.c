@@ -58,29 +58,36 @@ typedef struct q8_job {
     const lm_q8a_block *a; /* [n][cols / 32] */
     int64_t n;
     float *y;
-    lm_q8a_dot_fn dot;
+    lm_q8a_kernels k;
 } q8_job;
 
 static void q8_worker(void *ctx, int ith, int nth) {
     const q8_job *job = ctx;
-    int64_t rows = job->w->t.ne[1], cols = job->w->t.ne[0], r0, r1;
+    int64_t rows = job->w->t.ne[1], cols = job->w->t.ne[0], stride = cols / 32, r0, r1;
     size_t row_bytes = lm_dtype_row_bytes(job->w->t.type, cols);
     lm_split_range(rows, ith, nth, &r0, &r1);
     const uint8_t *base = job->w->t.data;
-    for (int64_t r = r0; r < r1; r++)
-        for (int64_t t = 0; t < job->n; t++)
-            job->y[t * rows + r] = job->dot(base + (size_t)r * row_bytes, job->a + t * (cols / 32), cols);
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *wr = base + (size_t)r * row_bytes;
+        int64_t t = 0;
+        for (; t + 4 <= job->n; t += 4) {
+            float out[4];
+            job->k.dot4(wr, job->a + t * stride, stride, cols, out);
+            for (int i = 0; i < 4; i++) job->y[(t + i) * rows + r] = out[i];
+        }
+        for (; t < job->n; t++) job->y[t * rows + r] = job->k.dot(wr, job->a + t * stride, cols);
+    }
 }
 
 lm_status lm_cpu_matmul(lm_backend *b, const lm_weight *w, const float *x, int64_t n, float *y) {
-    lm_q8a_dot_fn dot = w->t.type != LM_DTYPE_AFFINE ? lm_q8a_dot_for(w->t.type) : NULL;
+    lm_q8a_kernels k = w->t.type != LM_DTYPE_AFFINE ? lm_q8a_kernels_for(w->t.type) : (lm_q8a_kernels){NULL, NULL};
     int64_t cols = w->t.ne[0];
-    if (dot) {
+    if (k.dot) {
         lm_q8a_block *a = lm_cpu_scratch(b, LM_SCRATCH_Q8_ACT, (size_t)(n * (cols / 32)) * sizeof *a);
         if (a) {
             lm_q8a_style style = lm_q8a_style_for(w->t.type);
             for (int64_t t = 0; t < n; t++) lm_q8a_quantize_row(x + t * cols, a + t * (cols / 32), cols, style);
-            q8_job job = {w, a, n, y, dot};
+            q8_job job = {w, a, n, y, k};
             lm_threadpool_run(lm_cpu_pool(b), q8_worker, &job);
             return LM_OK;
         }

@@ -117,19 +117,19 @@ lm_q8a_dot_fn lm_q8a_dot_scalar_for(lm_dtype type) {
 }
 
 
-lm_q8a_dot_fn lm_q8a_dot_for(lm_dtype type) {
+lm_q8a_kernels lm_q8a_kernels_for(lm_dtype type) {
     /* LUMEN_REFERENCE_KERNELS=1 forces the f32 reference path (debugging aid) */
     static int reference = -1;
     if (reference < 0) reference = getenv("LUMEN_REFERENCE_KERNELS") && atoi(getenv("LUMEN_REFERENCE_KERNELS")) != 0;
-    if (reference) return NULL;
+    if (reference) return (lm_q8a_kernels){NULL, NULL};
 #if defined(__x86_64__)
     bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
     if (avx2 && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
         !(getenv("LUMEN_CPU_NO_VNNI") && atoi(getenv("LUMEN_CPU_NO_VNNI"))))
-        return lm_q8a_dot_for_vnni(type);
-    if (avx2) return lm_q8a_dot_for_avx2(type);
+        return lm_q8a_kernels_for_vnni(type);
+    if (avx2) return lm_q8a_kernels_for_avx2(type);
 #endif
     /* no SIMD kernel: the caller's f32 path (dequantize + dot) is faster than the
      * double-precision scalar reference */
-    return NULL;
+    return (lm_q8a_kernels){NULL, NULL};
 }

@@ -36,14 +36,25 @@ lm_q8a_style lm_q8a_style_for(lm_dtype type);
  * as above, n elements. */
 typedef float (*lm_q8a_dot_fn)(const uint8_t *w, const lm_q8a_block *a, int64_t n);
 
-/* The fastest kernel this CPU runs for `type`, or NULL when the type has none (the
- * caller then dequantizes to f32). */
-lm_q8a_dot_fn lm_q8a_dot_for(lm_dtype type);
+/* The same for 4 activation rows at once (a, a + stride, a + 2 * stride, ...; stride
+ * in blocks) against one weight row, decoding the weights once. out[t] equals
+ * dot(w, a + t * stride, n) bit for bit: a token's result never depends on which
+ * kernel, or which batch, computed it. */
+typedef void (*lm_q8a_dot4_fn)(const uint8_t *w, const lm_q8a_block *a, int64_t stride, int64_t n, float out[4]);
+
+typedef struct lm_q8a_kernels {
+    lm_q8a_dot_fn dot;
+    lm_q8a_dot4_fn dot4;
+} lm_q8a_kernels;
+
+/* The fastest kernels this CPU runs for `type`; {NULL, NULL} when the type has none
+ * (the caller then dequantizes to f32). */
+lm_q8a_kernels lm_q8a_kernels_for(lm_dtype type);
 
 /* The kernels of one instruction set (NULL where the type has none or the build
  * targets another architecture); callers must check the CPU supports it. */
-lm_q8a_dot_fn lm_q8a_dot_for_avx2(lm_dtype type);
-lm_q8a_dot_fn lm_q8a_dot_for_vnni(lm_dtype type);
+lm_q8a_kernels lm_q8a_kernels_for_avx2(lm_dtype type);
+lm_q8a_kernels lm_q8a_kernels_for_vnni(lm_dtype type);
 
 /* The portable scalar kernel of the same arithmetic (the reference the SIMD kernels
  * are tested against); NULL for types without a kernel. */

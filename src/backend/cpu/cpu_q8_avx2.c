@@ -13,8 +13,8 @@ static inline __m256i dot_u8_i8(__m256i u, __m256i a) {
 #define KSUFFIX avx2
 #include "backend/cpu/cpu_q8_kernels.inc"
 #else
-lm_q8a_dot_fn lm_q8a_dot_for_avx2(lm_dtype type) {
+lm_q8a_kernels lm_q8a_kernels_for_avx2(lm_dtype type) {
     (void)type;
-    return NULL;
+    return (lm_q8a_kernels){NULL, NULL};
 }
 #endif

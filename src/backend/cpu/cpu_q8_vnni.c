@@ -12,8 +12,8 @@ static inline __m256i dot_u8_i8(__m256i u, __m256i a) { return _mm256_dpbusd_epi
 #define KSUFFIX vnni
 #include "backend/cpu/cpu_q8_kernels.inc"
 #else
-lm_q8a_dot_fn lm_q8a_dot_for_vnni(lm_dtype type) {
+lm_q8a_kernels lm_q8a_kernels_for_vnni(lm_dtype type) {
     (void)type;
-    return NULL;
+    return (lm_q8a_kernels){NULL, NULL};
 }
 #endif
