@@ -32,12 +32,14 @@ static void test_q8_kernels(void) {
 #if defined(__x86_64__)
         bool has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
         bool has_vnni = has_avx2 && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
-        lm_q8a_dot_fn avx2 = has_avx2 ? lm_q8a_dot_for_avx2(t) : NULL;
-        lm_q8a_dot_fn vnni = has_vnni ? lm_q8a_dot_for_vnni(t) : NULL;
+        lm_q8a_kernels ka = has_avx2 ? lm_q8a_kernels_for_avx2(t) : (lm_q8a_kernels){NULL, NULL};
+        lm_q8a_kernels kv = has_vnni ? lm_q8a_kernels_for_vnni(t) : (lm_q8a_kernels){NULL, NULL};
 #else
-        lm_q8a_dot_fn avx2 = NULL, vnni = NULL;
+        lm_q8a_kernels ka = {NULL, NULL}, kv = {NULL, NULL};
 #endif
-        lm_q8a_dot_fn fast = vnni ? vnni : avx2;
+        lm_q8a_dot_fn avx2 = ka.dot, vnni = kv.dot, fast = vnni ? vnni : avx2;
+        lm_q8a_dot4_fn fast4 = vnni ? kv.dot4 : ka.dot4;
+        bool same_x4 = true;
         if (!fast) {
             printf("  %-5s no SIMD kernel on this CPU: SKIPPED\n", lm_dtype_name(t));
             continue;
@@ -61,12 +63,24 @@ static void test_q8_kernels(void) {
             double f = fast(wq, a, N), s = ref(wq, a, N);
             /* both instruction sets compute the same integers in the same order */
             if (avx2 && vnni && avx2(wq, a, N) != vnni(wq, a, N)) same_isa = false;
+            /* four activation rows at once: each result equals the one-row kernel's */
+            static lm_q8a_block a4[4 * (N / 32)];
+            static float x4[N];
+            for (int tok = 0; tok < 4; tok++) {
+                for (int i = 0; i < N; i++) x4[i] = frand() * (float)(tok + 1);
+                lm_q8a_quantize_row(x4, a4 + tok * (N / 32), N, lm_q8a_style_for(t));
+            }
+            float out4[4];
+            fast4(wq, a4, N / 32, N, out4);
+            for (int tok = 0; tok < 4; tok++)
+                if (out4[tok] != fast(wq, a4 + tok * (N / 32), N)) same_x4 = false;
             worst_simd = fmax(worst_simd, fabs(f - s) / mag);
             worst_quant = fmax(worst_quant, fabs(f - exact) / mag);
         }
         printf("  %-5s %s vs scalar %.2e, vs exact f32 %.2e (relative to sum|w*x|)%s\n", lm_dtype_name(t),
-               vnni ? "VNNI" : "AVX2", worst_simd, worst_quant, vnni && avx2 ? ", AVX2 == VNNI bit for bit" : "");
+               vnni ? "VNNI" : "AVX2", worst_simd, worst_quant, vnni && avx2 ? ", AVX2 == VNNI and x4 == x1 bit for bit" : ", x4 == x1 bit for bit");
         CHECK(same_isa);
+        CHECK(same_x4);
         CHECK(worst_simd < 1e-5);
         CHECK(worst_quant < 5e-3);
     }
