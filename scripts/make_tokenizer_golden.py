@@ -14,7 +14,9 @@ loads those folders with lm_tokenizer_from_hf_folder and compares against "hf". 
 every string where `tokenizers` and llama.cpp disagree (expected only where the tokenizer.json
 normalizes, e.g. NFC for Qwen2).
 
-Usage: /work/dl/venv/bin/python scripts/make_tokenizer_golden.py [--hf] [--models a,b] [--hf-only]
+Usage: /work/dl/venv/bin/python scripts/make_tokenizer_golden.py [--hf] [--hf-only] [--models a,b]
+  --hf-only: only write the HF folders (the C test's fixtures) and check them against the committed
+  golden; needs `tokenizers` and the GGUFs, not llama.cpp.
 Needs: llama-cpp-python; with --hf also `tokenizers`.
 """
 import argparse
@@ -351,8 +353,29 @@ def write_hf_folder(name, kv):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--hf", action="store_true", help="also write HF folders and record `tokenizers` ids")
+    ap.add_argument("--hf-only", action="store_true",
+                    help="only (re)write the HF folders (needs `tokenizers`, not llama.cpp) and check that `tokenizers` "
+                         "gives the committed \"hf\" ids")
     ap.add_argument("--models", default=",".join(MODELS))
     args = ap.parse_args()
+
+    if args.hf_only:
+        bad = 0
+        for name in args.models.split(","):
+            path = gguf_path(name)
+            if not path:
+                print(f"{name}: not pulled, skipped")
+                continue
+            hf = write_hf_folder(name, read_gguf_kv(path))
+            doc = json.load(open(os.path.join(GOLDEN, name + ".json"), encoding="utf-8"))
+            n = 0
+            for e in doc["cases"]:
+                if "hf" in e:
+                    n += 1
+                    if hf.encode(bytes.fromhex(e["hex"]).decode("utf-8"), add_special_tokens=False).ids != e["hf"]:
+                        bad += 1
+            print(f"{name}: wrote {os.path.join(HF_DIR, name)}; `tokenizers` matches the golden on {n - bad}/{n}")
+        sys.exit(1 if bad else 0)
 
     import llama_cpp
     from llama_cpp import Llama
