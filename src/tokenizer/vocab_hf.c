@@ -532,6 +532,7 @@ static cJSON *parse_json(const char *text, size_t len, const char *what, const c
     if (!j || !cJSON_IsObject(j)) {
         cJSON_Delete(j);
         *st = lm_error(LM_ERR_FORMAT, "tokenizer: %s: %s is not a JSON object", where, what);
+        return NULL;
     }
     return j;
 }

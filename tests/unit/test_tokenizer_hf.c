@@ -202,6 +202,11 @@ static void test_errors(void) {
     expect_error(k_spm_json, "\"byte_fallback\":true", "\"byte_fallback\":true,\"continuing_subword_prefix\":\"##\"",
                  LM_ERR_UNSUPPORTED, "continuing_subword_prefix");
     expect_error(k_spm_json, "\"content\":\"\\u2581\"}", "\"content\":\"_\"}", LM_ERR_UNSUPPORTED, "Replace");
+    /* a config that is JSON but not an object (found by fuzzing: was freed twice) */
+    lm_tokenizer *t0 = NULL;
+    CHECK(load(k_bpe_json, "[1]", NULL, &t0) == LM_ERR_FORMAT);
+    CHECK(load(k_bpe_json, NULL, "\"x\"", &t0) == LM_ERR_FORMAT);
+    CHECK(t0 == NULL);
     /* a missing folder */
     lm_tokenizer *t = NULL;
     CHECK(lm_tokenizer_from_hf_folder("/nonexistent/lumen-test", &t) == LM_ERR_NOT_FOUND);
