@@ -68,57 +68,6 @@ static char *dup_n(const char *s, size_t n) {
     return d;
 }
 
-static char *slurp(const char *path, size_t max, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    char *buf = NULL;
-    if (fseek(f, 0, SEEK_END) == 0) {
-        long n = ftell(f);
-        if (n >= 0 && (size_t)n <= max && fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n + 1))) {
-            if (fread(buf, 1, (size_t)n, f) == (size_t)n) {
-                buf[n] = '\0';
-                *len = (size_t)n;
-            } else {
-                free(buf);
-                buf = NULL;
-            }
-        }
-    }
-    fclose(f);
-    return buf;
-}
-
-/* The chat template of a Hugging Face folder: chat_template.jinja, else
- * tokenizer_config.json's "chat_template" (a string, or a list of {name, template}
- * of which "default" is taken). NULL when there is none. */
-static char *folder_template(const char *dir) {
-    char path[4200];
-    size_t len = 0;
-    snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
-    char *src = slurp(path, LM_TEMPLATE_MAX_SOURCE, &len);
-    if (src) return src;
-    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
-    char *json = slurp(path, 64u << 20, &len);
-    if (!json) return NULL;
-    cJSON *root = cJSON_ParseWithLength(json, len);
-    free(json);
-    const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "chat_template");
-    char *out = NULL;
-    if (cJSON_IsString(t)) {
-        out = strdup(t->valuestring);
-    } else if (cJSON_IsArray(t)) {
-        const cJSON *e;
-        cJSON_ArrayForEach(e, t) {
-            const cJSON *name = cJSON_GetObjectItemCaseSensitive(e, "name");
-            const cJSON *tmpl = cJSON_GetObjectItemCaseSensitive(e, "template");
-            if (cJSON_IsString(name) && cJSON_IsString(tmpl) && strcmp(name->valuestring, "default") == 0)
-                out = strdup(tmpl->valuestring);
-        }
-    }
-    cJSON_Delete(root);
-    return out;
-}
-
 static lm_status validate_params(const lm_model_params *p) {
     if (p->n_threads < 0 || p->n_threads > LM_MAX_THREADS)
         return lm_error(LM_ERR_INVALID_ARG, "n_threads = %d: must be in [0, %d] (0 = one per CPU)", p->n_threads,
@@ -146,12 +95,11 @@ static lm_status load_tokenizer(lm_model *model) {
             !(model->template_src = dup_n(src, len)))
             return lm_error(LM_ERR_NO_MEMORY, "out of memory");
     } else {
-        /* tokenizer.json loading (tokenizer/) is not there yet */
-        return lm_error(LM_ERR_UNSUPPORTED,
-                        "%s: a Hugging Face folder needs its tokenizer.json, which lumen cannot load yet; "
-                        "use a GGUF file of this model", m->path);
+        /* a Hugging Face folder: tokenizer.json (+ tokenizer_config.json) */
+        lm_status st = lm_tokenizer_from_hf_folder(m->path, &model->tok);
+        if (st) return lm_error_prefix(st, "%s", m->path);
+        if (lm_chat_template_from_hf_folder(m->path, &model->template_src) != LM_OK) model->template_src = NULL;
     }
-    if (!model->template_src && m->format == LM_FORMAT_HF_FOLDER) model->template_src = folder_template(m->path);
     if (model->template_src) {
         lm_status st = lm_template_parse(model->template_src, strlen(model->template_src), &model->tmpl);
         if (st) {

@@ -200,6 +200,19 @@ static void test_bad_input(void) {
     CHECK(lm_model_load(g_path, p, &m) == LM_ERR_NO_MEMORY && strstr(lm_last_error(), "memory limit"));
     CHECK(!m);
 
+    /* a Hugging Face folder without tokenizer.json: a clear error naming it */
+    char hf[512];
+    snprintf(hf, sizeof hf, "%s/hf", g_dir);
+    tiny_model tq;
+    tiny_build(&tq, tiny_default(LM_ARCH_QWEN2));
+    CHECK(tiny_write_hf(&tq, hf) == LM_OK);
+    tiny_free(&tq);
+    CHECK(lm_model_load(hf, small_params(), &m) == LM_ERR_NOT_FOUND && !m);
+    CHECK(strstr(lm_last_error(), "tokenizer.json") != NULL);
+    char rm[600];
+    snprintf(rm, sizeof rm, "rm -rf '%s'", hf);
+    CHECK(system(rm) == 0);
+
     m = load(small_params());
     if (!m) return;
     lm_context *ctx = NULL;
@@ -732,7 +745,6 @@ int main(void) {
     CHECK(tiny_write_gguf_ex(&tm, g_path, NULL, add_tokenizer, NULL) == LM_OK);
     tiny_free(&tm);
     lm_set_log_callback(NULL, NULL);
-    (void)tiny_write_gguf, (void)tiny_write_hf; /* shared helpers this test does not need */
 
     test_bad_input();
     test_tokens_and_chat();
