@@ -7,6 +7,7 @@
  * activations is the only approximation). */
 #include <string.h>
 
+#include "backend/cpu/cpu_features.h"
 #include "backend/cpu/cpu_internal.h"
 #include "backend/cpu/cpu_q8.h"
 #include "tensor/quant.h"
@@ -30,8 +31,7 @@ static void test_q8_kernels(void) {
         lm_q8a_dot_fn ref = lm_q8a_dot_scalar_for(t);
         CHECK(ref != NULL);
 #if defined(__x86_64__)
-        bool has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-        bool has_vnni = has_avx2 && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+        bool has_avx2 = lm_cpu_has_avx2(), has_vnni = lm_cpu_has_avx512_vnni();
         lm_q8a_kernels ka = has_avx2 ? lm_q8a_kernels_for_avx2(t) : (lm_q8a_kernels){NULL, NULL};
         lm_q8a_kernels kv = has_vnni ? lm_q8a_kernels_for_vnni(t) : (lm_q8a_kernels){NULL, NULL};
 #else

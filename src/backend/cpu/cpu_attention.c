@@ -11,6 +11,7 @@
 #endif
 #include <string.h>
 
+#include "backend/cpu/cpu_features.h"
 #include "backend/cpu/cpu_internal.h"
 #include "core/error.h"
 #include "kv/kv_cache.h"
@@ -115,7 +116,7 @@ static void attn_worker(void *ctx, int ith, int nth) {
     axpy_f16_fn axpy_f16 = axpy_f16_scalar;
     round_fn to_f16 = round_f16;
 #if defined(__x86_64__)
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+    if (lm_cpu_has_avx2())
         dot_f16 = dot_f16_avx2, axpy_f16 = axpy_f16_avx2, to_f16 = round_f16_f16c;
 #endif
     uint8_t *mine = j->scratch + (size_t)ith * j->scratch_per_thread;

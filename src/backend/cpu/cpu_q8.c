@@ -1,5 +1,6 @@
 /* Activation quantization, the scalar q8 kernels, and runtime kernel selection. */
 #include "backend/cpu/cpu_q8.h"
+#include "backend/cpu/cpu_features.h"
 
 #include <math.h>
 #include <stdbool.h>
@@ -123,8 +124,8 @@ lm_q8a_kernels lm_q8a_kernels_for(lm_dtype type) {
     if (reference < 0) reference = getenv("LUMEN_REFERENCE_KERNELS") && atoi(getenv("LUMEN_REFERENCE_KERNELS")) != 0;
     if (reference) return (lm_q8a_kernels){NULL, NULL};
 #if defined(__x86_64__)
-    bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-    if (avx2 && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
+    bool avx2 = lm_cpu_has_avx2();
+    if (lm_cpu_has_avx512_vnni() &&
         !(getenv("LUMEN_CPU_NO_VNNI") && atoi(getenv("LUMEN_CPU_NO_VNNI"))))
         return lm_q8a_kernels_for_vnni(type);
     if (avx2) return lm_q8a_kernels_for_avx2(type);

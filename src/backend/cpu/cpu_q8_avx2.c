@@ -2,7 +2,12 @@
 #include "backend/cpu/cpu_q8.h"
 
 #if defined(__x86_64__)
+/* every function below is compiled for this instruction set */
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
 #pragma GCC target("avx2,fma,f16c")
+#endif
 #include <immintrin.h>
 #include <string.h>
 
@@ -12,6 +17,9 @@ static inline __m256i dot_u8_i8(__m256i u, __m256i a) {
 
 #define KSUFFIX avx2
 #include "backend/cpu/cpu_q8_kernels.inc"
+#if defined(__clang__)
+#pragma clang attribute pop
+#endif
 #else
 lm_q8a_kernels lm_q8a_kernels_for_avx2(lm_dtype type) {
     (void)type;

@@ -3,7 +3,12 @@
 #include "backend/cpu/cpu_q8.h"
 
 #if defined(__x86_64__)
+/* every function below is compiled for this instruction set */
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni"))), apply_to = function)
+#else
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")
+#endif
 #include <immintrin.h>
 #include <string.h>
 
@@ -11,6 +16,9 @@ static inline __m256i dot_u8_i8(__m256i u, __m256i a) { return _mm256_dpbusd_epi
 
 #define KSUFFIX vnni
 #include "backend/cpu/cpu_q8_kernels.inc"
+#if defined(__clang__)
+#pragma clang attribute pop
+#endif
 #else
 lm_q8a_kernels lm_q8a_kernels_for_vnni(lm_dtype type) {
     (void)type;
