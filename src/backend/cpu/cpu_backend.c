@@ -67,6 +67,7 @@ static lm_status cpu_weight_create(lm_backend *b, const lm_tensor *t, lm_weight 
     lm_weight *w = malloc(sizeof *w);
     if (!w) return lm_error(LM_ERR_NO_MEMORY, "out of memory");
     w->t = *t;
+    w->q8 = t->type != LM_DTYPE_AFFINE ? lm_q8a_kernels_for(t->type) : (lm_q8a_kernels){NULL, NULL};
     *out = w;
     return LM_OK;
 }

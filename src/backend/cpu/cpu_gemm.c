@@ -5,6 +5,7 @@
  * loaded once for 4 tokens and each vector of X once for 4 rows, so the loop does 16
  * fused multiply-adds per 8 loads. Compiled for AVX-512 and AVX2 and chosen at run
  * time; the plain C fallback computes the same sums. */
+#include <stdatomic.h>
 #include <string.h>
 
 #include "backend/cpu/cpu_internal.h"
@@ -38,6 +39,49 @@ DEFINE_DOT4X4(dot4x4_avx2, "avx2,fma", 8)
 #endif
 DEFINE_DOT4X4(dot4x4_generic, "default", 4)
 
+/* One dot product with WIDTH-lane partial sums, reduced lane by lane, then the tail. */
+#define DEFINE_DOT(NAME, TARGET, WIDTH)                                                         \
+    __attribute__((target(TARGET))) static float NAME(const float *a, const float *b, int64_t n) { \
+        typedef float vec __attribute__((vector_size(WIDTH * 4)));                             \
+        vec acc;                                                                                \
+        memset(&acc, 0, sizeof acc);                                                            \
+        int64_t i = 0;                                                                          \
+        for (; i + WIDTH <= n; i += WIDTH) {                                                    \
+            vec av, bv;                                                                         \
+            memcpy(&av, a + i, sizeof av);                                                      \
+            memcpy(&bv, b + i, sizeof bv);                                                      \
+            acc += av * bv;                                                                     \
+        }                                                                                       \
+        float s = 0.0f;                                                                         \
+        for (int j = 0; j < WIDTH; j++) s += acc[j];                                            \
+        for (; i < n; i++) s += a[i] * b[i];                                                    \
+        return s;                                                                               \
+    }
+
+#if defined(__x86_64__)
+DEFINE_DOT(dot_avx512, "avx512f", 16)
+DEFINE_DOT(dot_avx2, "avx2,fma", 8)
+#endif
+DEFINE_DOT(dot_generic, "default", 4)
+
+typedef float (*dot_fn)(const float *, const float *, int64_t);
+
+static dot_fn pick_dot(void) {
+#if defined(__x86_64__)
+    if (__builtin_cpu_supports("avx512f")) return dot_avx512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return dot_avx2;
+#endif
+    return dot_generic;
+}
+
+float lm_cpu_dot_f32(const float *a, const float *b, int64_t n) {
+    /* chosen once; threads racing here all store the same value */
+    static _Atomic(dot_fn) chosen;
+    dot_fn dot = atomic_load_explicit(&chosen, memory_order_relaxed);
+    if (!dot) atomic_store_explicit(&chosen, dot = pick_dot(), memory_order_relaxed);
+    return dot(a, b, n);
+}
+
 typedef void (*dot4x4_fn)(const float *const w[4], const float *const x[4], int64_t k, float out[4][4]);
 
 static dot4x4_fn pick_dot4x4(void) {
@@ -50,8 +94,9 @@ static dot4x4_fn pick_dot4x4(void) {
 
 void lm_cpu_gemm_tile(const float *tile, int64_t n_rows, const float *x, int64_t n_tok, int64_t k, float *y,
                       int64_t y_stride, int64_t row0) {
-    static dot4x4_fn dot4x4;
-    if (!dot4x4) dot4x4 = pick_dot4x4(); /* idempotent: a race stores the same value */
+    static _Atomic(dot4x4_fn) chosen; /* threads racing here all store the same value */
+    dot4x4_fn dot4x4 = atomic_load_explicit(&chosen, memory_order_relaxed);
+    if (!dot4x4) atomic_store_explicit(&chosen, dot4x4 = pick_dot4x4(), memory_order_relaxed);
     /* Ragged edges repeat the last token / row in the unused slots instead of using
      * another kernel: every (token, row) result then comes from the same arithmetic,
      * whatever the batch size (batch invariance). */

@@ -3,6 +3,7 @@
 #define LM_BACKEND_CPU_INTERNAL_H
 
 #include "backend/backend.h"
+#include "backend/cpu/cpu_q8.h"
 #include "core/threadpool.h"
 
 /* Scratch buffers reused across calls, one per purpose. A backend runs one forward
@@ -16,9 +17,11 @@ typedef struct lm_cpu_backend {
     size_t scratch_size[LM_SCRATCH_COUNT];
 } lm_cpu_backend;
 
-/* On the CPU a weight is the tensor itself (mmap'd, used in place). */
+/* On the CPU a weight is the tensor itself (mmap'd, used in place) and the integer
+ * kernels chosen for its format on this CPU ({NULL, NULL}: the f32 path). */
 struct lm_weight {
     lm_tensor t;
+    lm_q8a_kernels q8;
 };
 
 static inline lm_threadpool *lm_cpu_pool(lm_backend *b) { return ((lm_cpu_backend *)b)->pool; }

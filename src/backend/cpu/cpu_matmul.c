@@ -17,21 +17,6 @@
  *    a time, then a register-blocked f32 product. */
 enum { ROW_TILE = 16 };
 
-__attribute__((target_clones("avx512f", "avx2", "default")))
-float lm_cpu_dot_f32(const float *a, const float *b, int64_t n) {
-    /* 16 independent partial sums: lets the compiler keep them in vector lanes
-     * without reassociating a single running sum. */
-    float acc[16] = {0};
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16)
-        for (int j = 0; j < 16; j++) acc[j] += a[i + j] * b[i + j];
-    float tail = 0.0f;
-    for (; i < n; i++) tail += a[i] * b[i];
-    for (int j = 0; j < 8; j++) acc[j] += acc[j + 8];
-    for (int j = 0; j < 4; j++) acc[j] += acc[j + 4];
-    return (acc[0] + acc[2]) + (acc[1] + acc[3]) + tail;
-}
-
 typedef struct matmul_job {
     const lm_weight *w;
     const float *x;
@@ -80,7 +65,7 @@ static void q8_worker(void *ctx, int ith, int nth) {
 }
 
 lm_status lm_cpu_matmul(lm_backend *b, const lm_weight *w, const float *x, int64_t n, float *y) {
-    lm_q8a_kernels k = w->t.type != LM_DTYPE_AFFINE ? lm_q8a_kernels_for(w->t.type) : (lm_q8a_kernels){NULL, NULL};
+    lm_q8a_kernels k = w->q8;
     int64_t cols = w->t.ne[0];
     if (k.dot) {
         lm_q8a_block *a = lm_cpu_scratch(b, LM_SCRATCH_Q8_ACT, (size_t)(n * (cols / 32)) * sizeof *a);

@@ -120,9 +120,8 @@ lm_q8a_dot_fn lm_q8a_dot_scalar_for(lm_dtype type) {
 
 lm_q8a_kernels lm_q8a_kernels_for(lm_dtype type) {
     /* LUMEN_REFERENCE_KERNELS=1 forces the f32 reference path (debugging aid) */
-    static int reference = -1;
-    if (reference < 0) reference = getenv("LUMEN_REFERENCE_KERNELS") && atoi(getenv("LUMEN_REFERENCE_KERNELS")) != 0;
-    if (reference) return (lm_q8a_kernels){NULL, NULL};
+    const char *reference = getenv("LUMEN_REFERENCE_KERNELS");
+    if (reference && atoi(reference) != 0) return (lm_q8a_kernels){NULL, NULL};
 #if defined(__x86_64__)
     bool avx2 = lm_cpu_has_avx2();
     if (lm_cpu_has_avx512_vnni() &&
