@@ -9,10 +9,10 @@ FUZZ_BUILD ?= build-fuzz
 JOBS       ?= $(shell nproc)
 MODEL      ?= smollm2-135m
 PROMPT     ?= In one sentence, what is the capital of France and why is it famous?
-FUZZ_SECONDS ?= 60
+FUZZ_SECONDS ?= 30
 LUMEN      := $(BUILD)/lumen
 
-.PHONY: all deps build run pull test test-unit test-golden test-extended test-asan test-fuzz clean
+.PHONY: all deps build run pull pull-test-models test test-unit test-golden test-extended test-asan test-fuzz clean
 
 all: build
 
@@ -29,15 +29,22 @@ pull: build
 run: pull
 	$(LUMEN) run $(MODEL) -p "$(PROMPT)"
 
-# Unit tests, then the golden tests on the real models (pulled first).
+# The real models the default tests use (tests that need a model skip, visibly,
+# when it is absent; CI pulls them first so nothing skips).
+TEST_MODELS ?= smollm2-135m gemma3-270m
+
+# Unit + end-to-end tests, the golden tests on the real models, the sanitizer
+# build, and a bounded run of every fuzzer.
 test: test-unit test-golden test-asan test-fuzz
 
-test-unit: build
+pull-test-models: build
+	$(LUMEN) pull $(TEST_MODELS)
+
+test-unit: pull-test-models
 	cd $(BUILD) && ctest --output-on-failure -LE "golden|fuzz|e2e" -j$(JOBS)
 	cd $(BUILD) && ctest --output-on-failure -L e2e
 
-test-golden: build
-	$(LUMEN) pull smollm2-135m gemma3-270m
+test-golden: pull-test-models
 	cd $(BUILD) && ctest --output-on-failure -L golden -LE extended
 
 # The 1.5B model: minutes on two cores, so not in the default run.
@@ -54,7 +61,7 @@ test-asan: deps
 test-fuzz: deps
 	@cmake -S . -B $(FUZZ_BUILD) -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=Debug \
 		-DLUMEN_FUZZ=ON -DLUMEN_SANITIZE=ON -DLUMEN_FUZZ_SECONDS=$(FUZZ_SECONDS) >/dev/null
-	@cmake --build $(FUZZ_BUILD) -j$(JOBS)
+	@cmake --build $(FUZZ_BUILD) -j$(JOBS) --target fuzzers
 	cd $(FUZZ_BUILD) && ctest --output-on-failure -L fuzz
 
 clean:

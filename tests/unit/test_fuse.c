@@ -8,7 +8,9 @@
  *    digest and folder;
  *  - bad input (corrupt, truncated, digest mismatch, shapes that do not fit, unknown
  *    module, mixed dtypes, missing base): clear errors and nothing left in the cache. */
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wformat-truncation" /* scratch paths are short */
+#endif
 #include "adapters/codec.h"
 #include "adapters/fuse.h"
 #include "formats/hub.h"

@@ -4,7 +4,9 @@
  * unfused reference (base dequantized to f32, delta added in double) within 1e-3 max
  * abs, the adapter must change the greedy next token on at least one prompt, and the
  * folder must load by path and by repo id. A second fuse is a cache hit. */
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wformat-truncation" /* scratch paths are short */
+#endif
 #include "adapters/codec.h"
 #include "adapters/fuse.h"
 #include "formats/hub.h"
