@@ -49,6 +49,13 @@ typedef struct lm_backend_ops {
      * LM_ERR_NO_MEMORY if the backend cannot get its working memory. */
     lm_status (*matmul)(lm_backend *b, const lm_weight *w, const float *x, int64_t n, float *y);
 
+    /* Several products of one input: y[i] = W[i] x for i < n_w, all W[i] with the same
+     * columns (Q/K/V, gate/up). Optional (NULL: the forward pass calls matmul for each
+     * W[i]); a backend uses it to prepare x once and run all rows in one pass. Each
+     * y[i] must equal what matmul would give, bit for bit. */
+    lm_status (*matmul_many)(lm_backend *b, const lm_weight *const *w, int n_w, const float *x, int64_t n,
+                             float *const *y);
+
     /* y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w; x, y [n][d] (may alias), w [d]. */
     void (*rms_norm)(lm_backend *b, const float *x, const float *w, int64_t n, int64_t d, float eps, float *y);
 

@@ -74,6 +74,17 @@ static lm_status check_batch(const lm_model_internal *m, lm_kv_cache *kv, const 
     return LM_OK;
 }
 
+/* Products sharing one input, through the backend's fused op when it has one. */
+static lm_status matmul_many(lm_backend *b, const lm_weight *const *w, int n_w, const float *x, int64_t n,
+                             float *const *y) {
+    if (b->ops->matmul_many) return b->ops->matmul_many(b, w, n_w, x, n, y);
+    for (int i = 0; i < n_w; i++) {
+        lm_status st = b->ops->matmul(b, w[i], x, n, y[i]);
+        if (st) return st;
+    }
+    return LM_OK;
+}
+
 lm_status lm_forward(const lm_model_internal *m, lm_kv_cache *kv, const lm_batch *batch, float *logits) {
     lm_status st = check_batch(m, kv, batch);
     if (st) return st;
@@ -102,9 +113,11 @@ lm_status lm_forward(const lm_model_internal *m, lm_kv_cache *kv, const lm_batch
 
         /* attention block */
         op->rms_norm(b, s.x, w->attn_norm, n, d, hp->rms_eps, s.xn);
-        TRY(op->matmul(b, w->wq, s.xn, n, s.q));
-        TRY(op->matmul(b, w->wk, s.xn, n, s.k));
-        TRY(op->matmul(b, w->wv, s.xn, n, s.v));
+        {
+            const lm_weight *qkv[3] = {w->wq, w->wk, w->wv};
+            float *out[3] = {s.q, s.k, s.v};
+            TRY(matmul_many(b, qkv, 3, s.xn, n, out));
+        }
         if (w->bq) {
             op->add_bias(b, s.q, w->bq, n, q_dim);
             op->add_bias(b, s.k, w->bk, n, kv_dim);
@@ -127,8 +140,11 @@ lm_status lm_forward(const lm_model_internal *m, lm_kv_cache *kv, const lm_batch
 
         /* feed-forward block */
         op->rms_norm(b, s.x, w->ffn_norm, n, d, hp->rms_eps, s.xn);
-        TRY(op->matmul(b, w->w_gate, s.xn, n, s.gate));
-        TRY(op->matmul(b, w->w_up, s.xn, n, s.up));
+        {
+            const lm_weight *gate_up[2] = {w->w_gate, w->w_up};
+            float *out[2] = {s.gate, s.up};
+            TRY(matmul_many(b, gate_up, 2, s.xn, n, out));
+        }
         if (hp->ffn_gelu)
             op->geglu(b, s.gate, s.up, n * hp->n_ff, s.gate);
         else

@@ -110,6 +110,7 @@ static const lm_backend_ops k_cpu_ops = {
     .weight_free = cpu_weight_free,
     .get_rows = lm_cpu_get_rows,
     .matmul = lm_cpu_matmul,
+    .matmul_many = lm_cpu_matmul_many,
     .rms_norm = lm_cpu_rms_norm,
     .add = lm_cpu_add,
     .add_bias = lm_cpu_add_bias,

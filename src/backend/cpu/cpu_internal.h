@@ -43,6 +43,8 @@ void lm_cpu_weight_row(const lm_weight *w, int64_t r, float *dst);
 
 void lm_cpu_get_rows(lm_backend *b, const lm_weight *table, const int32_t *ids, int64_t n, float *out);
 lm_status lm_cpu_matmul(lm_backend *b, const lm_weight *w, const float *x, int64_t n, float *y);
+lm_status lm_cpu_matmul_many(lm_backend *b, const lm_weight *const *w, int n_w, const float *x, int64_t n,
+                             float *const *y);
 void lm_cpu_rms_norm(lm_backend *b, const float *x, const float *w, int64_t n, int64_t d, float eps, float *y);
 void lm_cpu_add(lm_backend *b, float *y, const float *x, int64_t n);
 void lm_cpu_add_bias(lm_backend *b, float *y, const float *bias, int64_t n, int64_t d);

@@ -38,41 +38,65 @@ static void matmul_worker(void *ctx, int ith, int nth) {
     }
 }
 
+enum { MAX_MANY = 4 };
+
+/* Rows of up to MAX_MANY weights sharing one quantized input, split across threads
+ * as one range (weight 0's rows, then weight 1's, ...). */
 typedef struct q8_job {
-    const lm_weight *w;
+    const lm_weight *w[MAX_MANY];
+    float *y[MAX_MANY];
+    int n_w;
     const lm_q8a_block *a; /* [n][cols / 32] */
     int64_t n;
-    float *y;
-    lm_q8a_kernels k;
 } q8_job;
 
-static void q8_worker(void *ctx, int ith, int nth) {
-    const q8_job *job = ctx;
-    int64_t rows = job->w->t.ne[1], cols = job->w->t.ne[0], stride = cols / 32, r0, r1;
-    size_t row_bytes = lm_dtype_row_bytes(job->w->t.type, cols);
-    lm_split_range(rows, ith, nth, &r0, &r1);
-    const uint8_t *base = job->w->t.data;
+static void q8_rows(const lm_weight *w, const lm_q8a_block *a, int64_t n, float *y, int64_t r0, int64_t r1) {
+    int64_t rows = w->t.ne[1], cols = w->t.ne[0], stride = cols / 32;
+    size_t row_bytes = lm_dtype_row_bytes(w->t.type, cols);
+    const uint8_t *base = w->t.data;
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *wr = base + (size_t)r * row_bytes;
         int64_t t = 0;
-        for (; t + 4 <= job->n; t += 4) {
+        for (; t + 4 <= n; t += 4) {
             float out[4];
-            job->k.dot4(wr, job->a + t * stride, stride, cols, out);
-            for (int i = 0; i < 4; i++) job->y[(t + i) * rows + r] = out[i];
+            w->q8.dot4(wr, a + t * stride, stride, cols, out);
+            for (int i = 0; i < 4; i++) y[(t + i) * rows + r] = out[i];
         }
-        for (; t < job->n; t++) job->y[t * rows + r] = job->k.dot(wr, job->a + t * stride, cols);
+        for (; t < n; t++) y[t * rows + r] = w->q8.dot(wr, a + t * stride, cols);
     }
 }
 
+static void q8_worker(void *ctx, int ith, int nth) {
+    const q8_job *job = ctx;
+    int64_t total = 0, begin, end;
+    for (int i = 0; i < job->n_w; i++) total += job->w[i]->t.ne[1];
+    lm_split_range(total, ith, nth, &begin, &end);
+    int64_t first = 0; /* global index of weight i's row 0 */
+    for (int i = 0; i < job->n_w && first < end; first += job->w[i]->t.ne[1], i++) {
+        int64_t rows = job->w[i]->t.ne[1];
+        int64_t r0 = begin > first ? begin - first : 0, r1 = end - first < rows ? end - first : rows;
+        if (r0 < r1) q8_rows(job->w[i], job->a, job->n, job->y[i], r0, r1);
+    }
+}
+
+/* Quantizes x once for the style of w[0]; NULL when the weights cannot share it. */
+static lm_q8a_block *quantize_for(lm_backend *b, const lm_weight *const *w, int n_w, const float *x, int64_t n) {
+    int64_t cols = w[0]->t.ne[0];
+    lm_q8a_style style = lm_q8a_style_for(w[0]->t.type);
+    for (int i = 0; i < n_w; i++)
+        if (!w[i]->q8.dot || w[i]->t.ne[0] != cols || lm_q8a_style_for(w[i]->t.type) != style) return NULL;
+    lm_q8a_block *a = lm_cpu_scratch(b, LM_SCRATCH_Q8_ACT, (size_t)(n * (cols / 32)) * sizeof *a);
+    if (a)
+        for (int64_t t = 0; t < n; t++) lm_q8a_quantize_row(x + t * cols, a + t * (cols / 32), cols, style);
+    return a;
+}
+
 lm_status lm_cpu_matmul(lm_backend *b, const lm_weight *w, const float *x, int64_t n, float *y) {
-    lm_q8a_kernels k = w->q8;
     int64_t cols = w->t.ne[0];
-    if (k.dot) {
-        lm_q8a_block *a = lm_cpu_scratch(b, LM_SCRATCH_Q8_ACT, (size_t)(n * (cols / 32)) * sizeof *a);
+    if (w->q8.dot) {
+        lm_q8a_block *a = quantize_for(b, &w, 1, x, n);
         if (a) {
-            lm_q8a_style style = lm_q8a_style_for(w->t.type);
-            for (int64_t t = 0; t < n; t++) lm_q8a_quantize_row(x + t * cols, a + t * (cols / 32), cols, style);
-            q8_job job = {w, a, n, y, k};
+            q8_job job = {{w}, {y}, 1, a, n};
             lm_threadpool_run(lm_cpu_pool(b), q8_worker, &job);
             return LM_OK;
         }
@@ -103,4 +127,20 @@ static void get_rows_worker(void *ctx, int ith, int nth) {
 void lm_cpu_get_rows(lm_backend *b, const lm_weight *table, const int32_t *ids, int64_t n, float *out) {
     get_rows_job job = {table, ids, n, out};
     lm_threadpool_run(lm_cpu_pool(b), get_rows_worker, &job);
+}
+
+lm_status lm_cpu_matmul_many(lm_backend *b, const lm_weight *const *w, int n_w, const float *x, int64_t n,
+                             float *const *y) {
+    lm_q8a_block *a = n_w <= MAX_MANY ? quantize_for(b, w, n_w, x, n) : NULL;
+    if (!a) {
+        for (int i = 0; i < n_w; i++) {
+            lm_status st = lm_cpu_matmul(b, w[i], x, n, y[i]);
+            if (st) return st;
+        }
+        return LM_OK;
+    }
+    q8_job job = {.n_w = n_w, .a = a, .n = n};
+    for (int i = 0; i < n_w; i++) job.w[i] = w[i], job.y[i] = y[i];
+    lm_threadpool_run(lm_cpu_pool(b), q8_worker, &job);
+    return LM_OK;
 }
