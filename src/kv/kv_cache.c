@@ -97,3 +97,71 @@ void lm_kv_cache_truncate(lm_kv_cache *kv, int32_t seq, int64_t n_pos) {
         if (--kv->refcount[b] == 0) kv->free_list[kv->n_free++] = b;
     }
 }
+
+void lm_kv_cache_block_ref(lm_kv_cache *kv, int32_t b) {
+    if (b >= 0 && b < kv->n_blocks) kv->refcount[b]++;
+}
+
+void lm_kv_cache_block_unref(lm_kv_cache *kv, int32_t b) {
+    if (b < 0 || b >= kv->n_blocks || kv->refcount[b] <= 0) return;
+    if (--kv->refcount[b] == 0) kv->free_list[kv->n_free++] = b;
+}
+
+lm_status lm_kv_cache_attach(lm_kv_cache *kv, int32_t seq, const int32_t *blocks, int64_t n_blocks, int64_t n_pos) {
+    if (seq < 0 || seq >= kv->n_seqs) return lm_error(LM_ERR_INVALID_ARG, "sequence id %d is out of range", seq);
+    lm_kv_seq *s = &kv->seqs[seq];
+    if (s->n_blocks != 0) return lm_error(LM_ERR_INVALID_ARG, "sequence %d is not empty: cannot attach blocks", seq);
+    if (n_blocks < 0 || n_pos < 0 || n_pos > n_blocks * kv->block_size ||
+        (n_blocks > 0 && n_pos <= (n_blocks - 1) * kv->block_size))
+        return lm_error(LM_ERR_INVALID_ARG, "%lld positions do not fit %lld blocks", (long long)n_pos,
+                        (long long)n_blocks);
+    for (int64_t i = 0; i < n_blocks; i++)
+        if (blocks[i] < 0 || blocks[i] >= kv->n_blocks || kv->refcount[blocks[i]] <= 0)
+            return lm_error(LM_ERR_INVALID_ARG, "block %d is not in use: cannot share it", blocks[i]);
+    if (n_blocks > s->cap) {
+        int64_t cap = s->cap ? s->cap : 8;
+        while (cap < n_blocks) cap *= 2;
+        int32_t *nb = realloc(s->blocks, (size_t)cap * sizeof *nb);
+        if (!nb) return lm_error(LM_ERR_NO_MEMORY, "out of memory for a block table");
+        s->blocks = nb;
+        s->cap = cap;
+    }
+    for (int64_t i = 0; i < n_blocks; i++) {
+        s->blocks[i] = blocks[i];
+        kv->refcount[blocks[i]]++;
+    }
+    s->n_blocks = n_blocks;
+    s->n_pos = n_pos;
+    return LM_OK;
+}
+
+lm_status lm_kv_cache_cow(lm_kv_cache *kv, int32_t seq, int64_t pos) {
+    if (seq < 0 || seq >= kv->n_seqs || pos < 0) return lm_error(LM_ERR_INVALID_ARG, "copy-on-write: bad sequence or position");
+    lm_kv_seq *s = &kv->seqs[seq];
+    int64_t bi = pos / kv->block_size;
+    if (bi >= s->n_blocks) return LM_OK; /* not allocated yet: it will be a fresh block */
+    int32_t old = s->blocks[bi];
+    if (kv->refcount[old] <= 1) return LM_OK;
+    if (kv->n_free == 0) return lm_error(LM_ERR_NO_MEMORY, "KV cache is full: no block free for a copy-on-write");
+    int32_t nb = kv->free_list[--kv->n_free];
+    kv->refcount[nb] = 1;
+    size_t row = (size_t)(kv->block_size * kv->n_embd_kv) * kv->elem_size;
+    for (int64_t l = 0; l < kv->n_layer; l++) {
+        size_t dst = ((size_t)l * (size_t)kv->n_blocks + (size_t)nb) * row;
+        size_t src = ((size_t)l * (size_t)kv->n_blocks + (size_t)old) * row;
+        kv->backend->ops->copy(kv->backend, (char *)kv->k + dst, (char *)kv->k + src, row);
+        kv->backend->ops->copy(kv->backend, (char *)kv->v + dst, (char *)kv->v + src, row);
+    }
+    kv->refcount[old]--; /* still > 0: another holder keeps it */
+    s->blocks[bi] = nb;
+    return LM_OK;
+}
+
+int64_t lm_kv_cache_blocks_needed(const lm_kv_cache *kv, int32_t seq, int64_t n_pos) {
+    const lm_kv_seq *s = &kv->seqs[seq];
+    int64_t need = (n_pos + kv->block_size - 1) / kv->block_size;
+    int64_t extra = need > s->n_blocks ? need - s->n_blocks : 0;
+    int64_t bi = s->n_pos / kv->block_size; /* the block the next write lands in */
+    if (n_pos > s->n_pos && bi < s->n_blocks && kv->refcount[s->blocks[bi]] > 1) extra++;
+    return extra;
+}

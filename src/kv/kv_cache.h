@@ -50,6 +50,36 @@ lm_status lm_kv_cache_reserve(lm_kv_cache *kv, int32_t seq, int64_t n_pos);
 /* Forgets positions >= n_pos of `seq` and returns whole unused blocks to the pool. */
 void lm_kv_cache_truncate(lm_kv_cache *kv, int32_t seq, int64_t n_pos);
 
+/* ---- sharing blocks between sequences (the engine's prefix cache) ----------------
+ * A block may appear in several block tables and in the prefix tree; its reference
+ * count says how many. Full blocks are read-only by construction (every position in
+ * them is below each sharer's n_pos). A partially filled block that is shared must be
+ * copied before a sequence writes into it: lm_kv_cache_cow. */
+
+/* Takes a reference on block `b` (it must be in use). */
+void lm_kv_cache_block_ref(lm_kv_cache *kv, int32_t b);
+/* Drops a reference; the block returns to the free list when none is left. */
+void lm_kv_cache_block_unref(lm_kv_cache *kv, int32_t b);
+
+/* Makes the empty sequence `seq` start with blocks[0..n_blocks) holding positions
+ * [0, n_pos) (taking a reference on each). LM_ERR_INVALID_ARG if `seq` is not empty
+ * or n_pos does not fit the blocks. */
+lm_status lm_kv_cache_attach(lm_kv_cache *kv, int32_t seq, const int32_t *blocks, int64_t n_blocks, int64_t n_pos);
+
+/* Copy-on-write: if the block holding position `pos` of `seq` is allocated and
+ * shared (reference count > 1), gives `seq` a private copy of it (keys and values
+ * of every layer). LM_ERR_NO_MEMORY (nothing changed) if no block is free. */
+lm_status lm_kv_cache_cow(lm_kv_cache *kv, int32_t seq, int64_t pos);
+
+/* Blocks `seq` would take from the pool to hold positions [0, n_pos) (a shared
+ * block holding position n_pos_now counts as one: it will be copied). */
+int64_t lm_kv_cache_blocks_needed(const lm_kv_cache *kv, int32_t seq, int64_t n_pos);
+
+/* Bytes of one block (keys and values, every layer). */
+static inline size_t lm_kv_cache_block_bytes(const lm_kv_cache *kv) {
+    return (size_t)(2 * kv->n_layer * kv->n_embd_kv * kv->block_size) * kv->elem_size;
+}
+
 /* Bytes of K+V one token occupies across all layers. */
 static inline size_t lm_kv_cache_bytes_per_token(const lm_kv_cache *kv) {
     return (size_t)(2 * kv->n_layer * kv->n_embd_kv) * kv->elem_size;
