@@ -1,7 +1,13 @@
 /* lumen bench MODEL: prompt-processing and generation speed, medians of repeated runs.
  *
  * pp: one batch of `-p` prompt tokens into an empty cache (tokens/s of the prefill);
- * tg: `-n` single-token decode steps after a short prompt (tokens/s of generation).
+ * tg: `-n` single-token decode steps after a short prompt (tokens/s of generation);
+ * --parallel N1,N2,...: for each N, N sequences each get a prompt of
+ * --parallel-prompt tokens (prefilled in batches of whole sequences), then `-n`
+ * decode steps, each ONE forward pass over N tokens (one per sequence, each its own
+ * KV sequence): aggregate tokens/s = N * steps / time. Every step returns the logits
+ * of all N tokens to the host, as a generation needs (--logits last: only the last
+ * token's, which leaves out the head's extra rows and the copy).
  * Token ids are fixed pseudo-random ids, so no tokenizer is involved. */
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -16,11 +22,26 @@
 #include "formats/model_store.h"
 #include "model/forward.h"
 
+enum { MAX_PARALLEL = 16, PREFILL_BATCH = 2048 };
+
 typedef struct bench_opts {
     const char *model;
     int n_prompt, n_gen, threads, reps;
     bool json;
+    const char *backend; /* "cpu" or "cuda" */
+    int device;
+    int parallel[MAX_PARALLEL], n_parallel;
+    int par_prompt;
+    bool all_logits;
 } bench_opts;
+
+/* one --parallel measurement: medians over the repetitions */
+typedef struct par_result {
+    int n_seqs;
+    double prefill_tps, decode_tps, step_ms;
+    lm_status st;
+    char err[256];
+} par_result;
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -30,6 +51,13 @@ static void usage(FILE *f) {
             "  -n, --gen N        tokens generated one at a time (default: 128; 0 = skip)\n"
             "  -t, --threads N    CPU threads (default: 2)\n"
             "  -r, --reps N       repetitions; medians are reported (default: 5)\n"
+            "  --backend B        cpu or cuda (default: cpu)\n"
+            "  --device N         GPU index for --backend cuda (default: 0)\n"
+            "  --parallel LIST    decode with N sequences together, for each N of a comma list\n"
+            "                     (e.g. 1,8,64,256): -n steps of one N-token batch (default: off)\n"
+            "  --parallel-prompt N  prompt tokens of each sequence before --parallel decoding (default: 128)\n"
+            "  --logits all|last  --parallel steps return the logits of every sequence (all, default)\n"
+            "                     or of the last token only\n"
             "  --json             one JSON object on stdout (default: a table)\n");
 }
 
@@ -82,6 +110,89 @@ static lm_status run_once(lm_model_internal *m, int n, bool generate, double *se
     return st;
 }
 
+/* N sequences: prompts of `prompt` tokens, prefilled in batches of whole sequences,
+ * then `steps` decode steps of one N-token batch. Seconds of each phase. */
+static lm_status run_parallel_once(lm_model_internal *m, int N, int prompt, int steps, bool all_logits,
+                                   double *prefill_s, double *decode_s) {
+    int per_batch = prompt >= PREFILL_BATCH ? 1 : PREFILL_BATCH / prompt;
+    if (per_batch > N) per_batch = N;
+    int64_t nb = (int64_t)per_batch * prompt, n_vocab = m->hp.n_vocab;
+    int64_t n_cap = nb > N ? nb : N;
+    lm_kv_cache *kv = NULL;
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)n_cap), *pos = malloc(sizeof(int32_t) * (size_t)n_cap);
+    int32_t *seq = malloc(sizeof(int32_t) * (size_t)n_cap);
+    int8_t *want = malloc((size_t)N);
+    float *logits = malloc(sizeof(float) * (size_t)((all_logits ? N : 1) * n_vocab));
+    lm_status st = (!tok || !pos || !seq || !want || !logits)
+                       ? lm_error(LM_ERR_NO_MEMORY, "out of memory for %d sequences", N)
+                       : lm_kv_cache_for_model(m, prompt + steps + 1, N, LM_DTYPE_F16, &kv);
+    uint32_t x = 12345;
+    double t0 = now_s();
+    for (int s0 = 0; st == LM_OK && s0 < N; s0 += per_batch) {
+        int ns = N - s0 < per_batch ? N - s0 : per_batch;
+        for (int k = 0; k < ns; k++)
+            for (int i = 0; i < prompt; i++) {
+                int64_t j = (int64_t)k * prompt + i;
+                x = x * 1664525u + 1013904223u;
+                tok[j] = (int32_t)(x % (uint32_t)n_vocab);
+                pos[j] = i;
+                seq[j] = s0 + k;
+            }
+        lm_batch batch = {(int64_t)ns * prompt, tok, pos, seq, NULL};
+        st = lm_forward(m, kv, &batch, logits);
+    }
+    double t1 = now_s();
+    for (int k = 0; k < N; k++) want[k] = 1, seq[k] = k;
+    for (int i = 0; st == LM_OK && i < steps; i++) {
+        for (int k = 0; k < N; k++) {
+            x = x * 1664525u + 1013904223u;
+            tok[k] = (int32_t)(x % (uint32_t)n_vocab);
+            pos[k] = prompt + i;
+        }
+        lm_batch step = {N, tok, pos, seq, all_logits ? want : NULL};
+        st = lm_forward(m, kv, &step, logits);
+    }
+    *prefill_s = t1 - t0;
+    *decode_s = now_s() - t1;
+    lm_kv_cache_free(kv);
+    free(tok), free(pos), free(seq), free(want), free(logits);
+    return st;
+}
+
+static void measure_parallel(lm_model_internal *m, const bench_opts *o, int N, par_result *r) {
+    memset(r, 0, sizeof *r);
+    r->n_seqs = N;
+    double *pf = calloc((size_t)o->reps, sizeof *pf), *dc = calloc((size_t)o->reps, sizeof *dc), a = 0, b = 0;
+    if (!pf || !dc) r->st = lm_error(LM_ERR_NO_MEMORY, "out of memory");
+    /* warm-up: grows the backend's scratch and pools for this batch size */
+    int wp = o->par_prompt < 16 ? o->par_prompt : 16;
+    if (r->st == LM_OK) r->st = run_parallel_once(m, N, wp, o->n_gen < 2 ? o->n_gen : 2, o->all_logits, &a, &b);
+    for (int i = 0; r->st == LM_OK && i < o->reps; i++) {
+        r->st = run_parallel_once(m, N, o->par_prompt, o->n_gen, o->all_logits, &a, &b);
+        pf[i] = a > 0 ? (double)N * o->par_prompt / a : 0.0;
+        dc[i] = b > 0 ? (double)N * o->n_gen / b : 0.0;
+    }
+    if (r->st == LM_OK) {
+        r->prefill_tps = median(pf, o->reps);
+        r->decode_tps = median(dc, o->reps);
+        r->step_ms = r->decode_tps > 0 ? 1e3 * N / r->decode_tps : 0.0;
+    } else
+        snprintf(r->err, sizeof r->err, "%s", lm_last_error());
+    free(pf), free(dc);
+}
+
+static bool parse_list(const char *v, bench_opts *o) {
+    o->n_parallel = 0;
+    for (const char *p = v; *p;) {
+        char *end;
+        long n = strtol(p, &end, 10);
+        if (end == p || n < 1 || n > 65536 || o->n_parallel == MAX_PARALLEL || (*end && *end != ',')) return false;
+        o->parallel[o->n_parallel++] = (int)n;
+        p = *end ? end + 1 : end;
+    }
+    return o->n_parallel > 0;
+}
+
 static lm_status measure(lm_model_internal *m, int n, bool generate, int reps, double *tps) {
     double *rates = calloc((size_t)reps, sizeof *rates), s = 0;
     if (!rates) return lm_error(LM_ERR_NO_MEMORY, "out of memory");
@@ -96,7 +207,7 @@ static lm_status measure(lm_model_internal *m, int n, bool generate, int reps, d
 }
 
 int cmd_bench(int argc, char **argv) {
-    bench_opts o = {"smollm2-135m", 512, 128, 2, 5, false};
+    bench_opts o = {"smollm2-135m", 512, 128, 2, 5, false, "cpu", 0, {0}, 0, 128, true};
     bool model_set = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -114,6 +225,26 @@ int cmd_bench(int argc, char **argv) {
             target = &o.threads;
         else if (!strcmp(a, "-r") || !strcmp(a, "--reps"))
             target = &o.reps;
+        else if (!strcmp(a, "--device"))
+            target = &o.device;
+        else if (!strcmp(a, "--parallel-prompt"))
+            target = &o.par_prompt;
+        else if (!strcmp(a, "--backend") || !strcmp(a, "--parallel") || !strcmp(a, "--logits")) {
+            bool ok = v != NULL;
+            if (ok && !strcmp(a, "--backend")) {
+                ok = !strcmp(v, "cpu") || !strcmp(v, "cuda");
+                o.backend = v;
+            } else if (ok && !strcmp(a, "--logits")) {
+                ok = !strcmp(v, "all") || !strcmp(v, "last");
+                o.all_logits = ok && !strcmp(v, "all");
+            } else if (ok)
+                ok = parse_list(v, &o);
+            if (!ok) {
+                fprintf(stderr, "lumen bench: invalid value for %s\n", a);
+                return 2;
+            }
+            i++;
+        }
         else if (a[0] != '-' && !model_set) {
             o.model = a;
             model_set = true;
@@ -136,11 +267,17 @@ int cmd_bench(int argc, char **argv) {
         fprintf(stderr, "lumen bench: threads and reps must be at least 1\n");
         return 2;
     }
+    if (o.n_parallel > 0 && o.par_prompt < 1) {
+        fprintf(stderr, "lumen bench: --parallel-prompt must be at least 1\n");
+        return 2;
+    }
+    bool cuda = !strcmp(o.backend, "cuda");
     char path[4096];
     lm_backend *b = NULL;
     lm_model_internal *m = NULL;
     double t_load = now_s();
-    if (lm_model_store_resolve(o.model, path, sizeof path) || lm_backend_cpu_create(o.threads, &b) ||
+    if (lm_model_store_resolve(o.model, path, sizeof path) ||
+        (cuda ? lm_backend_cuda_create(o.device, &b) : lm_backend_cpu_create(o.threads, &b)) ||
         lm_model_internal_load(path, b, &m)) {
         fprintf(stderr, "lumen bench: %s\n", lm_last_error());
         lm_backend_free(b);
@@ -149,8 +286,19 @@ int cmd_bench(int argc, char **argv) {
     t_load = now_s() - t_load;
     double pp = 0, tg = 0;
     lm_status st = LM_OK;
+    par_result par[MAX_PARALLEL];
+    bool par_failed = false;
     if (o.n_prompt > 0) st = measure(m, o.n_prompt, false, o.reps, &pp);
-    if (st == LM_OK && o.n_gen > 0) st = measure(m, o.n_gen, true, o.reps, &tg);
+    if (st == LM_OK && o.n_gen > 0 && o.n_parallel == 0) st = measure(m, o.n_gen, true, o.reps, &tg);
+    /* each batch size on its own: one that fails (out of memory) does not hide the rest */
+    for (int i = 0; st == LM_OK && i < o.n_parallel && o.n_gen > 0; i++) {
+        measure_parallel(m, &o, o.parallel[i], &par[i]);
+        if (par[i].st) {
+            fprintf(stderr, "lumen bench: %d sequences: %s\n", o.parallel[i], par[i].err);
+            par_failed = true;
+        }
+    }
+    int n_par = o.n_gen > 0 ? o.n_parallel : 0;
     if (st) {
         fprintf(stderr, "lumen bench: %s\n", lm_last_error());
     } else {
@@ -160,6 +308,7 @@ int cmd_bench(int argc, char **argv) {
         if (o.json) {
             cJSON *j = cJSON_CreateObject();
             cJSON_AddStringToObject(j, "model", path);
+            cJSON_AddStringToObject(j, "backend", o.backend);
             cJSON_AddNumberToObject(j, "threads", o.threads);
             cJSON_AddNumberToObject(j, "reps", o.reps);
             cJSON_AddNumberToObject(j, "n_prompt", o.n_prompt);
@@ -169,6 +318,23 @@ int cmd_bench(int argc, char **argv) {
             cJSON_AddNumberToObject(j, "load_s", t_load);
             cJSON_AddNumberToObject(j, "weight_bytes", (double)m->weight_bytes);
             cJSON_AddNumberToObject(j, "peak_rss_mib", peak_mib);
+            if (n_par) {
+                cJSON_AddNumberToObject(j, "parallel_prompt", o.par_prompt);
+                cJSON_AddStringToObject(j, "logits", o.all_logits ? "all" : "last");
+                cJSON *arr = cJSON_AddArrayToObject(j, "parallel");
+                for (int i = 0; i < n_par; i++) {
+                    cJSON *e = cJSON_CreateObject();
+                    cJSON_AddNumberToObject(e, "n_seqs", par[i].n_seqs);
+                    if (par[i].st) {
+                        cJSON_AddStringToObject(e, "error", par[i].err);
+                    } else {
+                        cJSON_AddNumberToObject(e, "prefill_tokens_per_s", par[i].prefill_tps);
+                        cJSON_AddNumberToObject(e, "decode_tokens_per_s", par[i].decode_tps);
+                        cJSON_AddNumberToObject(e, "step_ms", par[i].step_ms);
+                    }
+                    cJSON_AddItemToArray(arr, e);
+                }
+            }
             char *s = cJSON_PrintUnformatted(j);
             puts(s);
             free(s);
@@ -176,13 +342,27 @@ int cmd_bench(int argc, char **argv) {
         } else {
             printf("model    %s (%.1f MiB of weights, loaded in %.3f s)\n", path, (double)m->weight_bytes / (1 << 20),
                    t_load);
-            printf("threads  %d, %d repetitions (medians)\n", o.threads, o.reps);
+            if (cuda)
+                printf("backend  cuda (GPU %d), %d repetitions (medians)\n", o.device, o.reps);
+            else
+                printf("threads  %d, %d repetitions (medians)\n", o.threads, o.reps);
             if (o.n_prompt) printf("pp%-6d %10.1f tokens/s\n", o.n_prompt, pp);
-            if (o.n_gen) printf("tg%-6d %10.1f tokens/s\n", o.n_gen, tg);
+            if (o.n_gen && !n_par) printf("tg%-6d %10.1f tokens/s\n", o.n_gen, tg);
+            if (n_par)
+                printf("parallel: %d-token prompts, %d decode steps, logits of %s\n%8s %16s %16s %10s\n",
+                       o.par_prompt, o.n_gen, o.all_logits ? "every sequence" : "the last token", "seqs",
+                       "prefill tok/s", "decode tok/s", "ms/step");
+            for (int i = 0; i < n_par; i++) {
+                if (par[i].st)
+                    printf("%8d   failed: %s\n", par[i].n_seqs, par[i].err);
+                else
+                    printf("%8d %16.1f %16.1f %10.3f\n", par[i].n_seqs, par[i].prefill_tps, par[i].decode_tps,
+                           par[i].step_ms);
+            }
             printf("peak RSS %.1f MiB\n", peak_mib);
         }
     }
     lm_model_internal_free(m);
     lm_backend_free(b);
-    return st ? 1 : 0;
+    return st || par_failed ? 1 : 0;
 }

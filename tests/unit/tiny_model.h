@@ -3,8 +3,10 @@
  * exercise every code path of loading and the forward pass and cost nothing to ship.
  *
  * Weights are drawn from a fixed-seed generator, so a (arch, seed) pair always
- * produces the same model. GGUF matrices are stored in a chosen quantized type;
- * vectors (norms, biases) in F32. */
+ * produces the same model. GGUF matrices are stored in a chosen quantized type (or a
+ * per-tensor mix, see type_of); vectors (norms, biases) in F32. The same code writes
+ * full-size shapes (bench/bench_make_model.c: a Qwen2.5-1.5B-shaped model), so the
+ * spec's later fields, zero in the tests, configure what only large models need. */
 #ifndef LM_TEST_TINY_MODEL_H
 #define LM_TEST_TINY_MODEL_H
 
@@ -23,10 +25,20 @@ typedef struct tiny_spec {
     int n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, sliding_window;
     lm_dtype matrix_type; /* GGUF type of the weight matrices */
     uint64_t seed;
+    /* optional (0 / NULL: the tiny defaults) */
+    bool tied;          /* qwen2: no output matrix, the embeddings serve (llama, gemma3 always) */
+    int n_ctx_train;    /* context_length / max_position_embeddings (0: 512)                  */
+    float rope_theta;   /* 0: 1e6 for gemma3, 1e4 otherwise                                   */
+    /* per-matrix GGUF type (a quantization mix); NULL: matrix_type for every matrix */
+    lm_dtype (*type_of)(const struct tiny_spec *s, const char *gguf_name, int layer);
+    /* tiny_build allocates and fills nothing: rows are made one at a time with
+     * tiny_lazy_row (a seed per row, so threads can share the work) into t->q */
+    bool lazy;
 } tiny_spec;
 
 static inline tiny_spec tiny_default(lm_arch arch) {
-    tiny_spec s = {arch, 256, 64, 2, 4, 2, 16, 128, 0, LM_DTYPE_Q8_0, 1234};
+    tiny_spec s = {.arch = arch, .n_vocab = 256, .n_embd = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2,
+                   .head_dim = 16, .n_ff = 128, .matrix_type = LM_DTYPE_Q8_0, .seed = 1234};
     if (arch == LM_ARCH_GEMMA3) {
         s.n_layer = 6;       /* five sliding-window layers and one global */
         s.head_dim = 32;     /* head_dim * n_head != n_embd, as in Gemma 3  */
@@ -56,23 +68,34 @@ typedef struct tiny_tensor {
     int64_t ne0, ne1; /* ne1 = 1 for vectors */
     float *data;
     bool is_norm;
+    int layer;
+    float gain; /* multiplies the uniform values (the embeddings: 20) */
+    /* optional: the tensor already in its GGUF type (tiny_tensor_type), rows of
+     * lm_dtype_row_bytes; the writers use it instead of quantizing again (large
+     * models quantize once, in parallel). Freed by tiny_free. */
+    uint8_t *q;
 } tiny_tensor;
 
 typedef struct tiny_model {
     tiny_spec spec;
-    tiny_tensor t[256];
+    tiny_tensor t[512]; /* 3 + 12 per layer: up to 42 layers */
     int n;
 } tiny_model;
 
 static inline void tiny_add(tiny_model *m, uint64_t *rng, const char *gguf, const char *hf, int layer, int64_t ne0,
                      int64_t ne1, bool is_norm) {
+    if (m->n >= (int)(sizeof m->t / sizeof m->t[0])) return; /* tiny_build checks the count */
     tiny_tensor *t = &m->t[m->n++];
+    t->layer = layer;
     snprintf(t->gguf_name, sizeof t->gguf_name, gguf, layer);
     snprintf(t->hf_name, sizeof t->hf_name, hf, layer);
     t->ne0 = ne0;
     t->ne1 = ne1;
     t->is_norm = is_norm;
+    t->gain = 1.0f;
+    if (m->spec.lazy) return;
     t->data = malloc(sizeof(float) * (size_t)(ne0 * ne1));
+    if (!t->data) return; /* callers check (only full-size models can fail) */
     if (is_norm)
         tiny_fill(rng, t->data, ne0 * ne1, 0.2f, 1.0f);
     else
@@ -86,9 +109,10 @@ static inline void tiny_build(tiny_model *m, tiny_spec s) {
     int64_t d = s.n_embd, q = (int64_t)s.n_head * s.head_dim, kv = (int64_t)s.n_head_kv * s.head_dim;
     bool gemma = s.arch == LM_ARCH_GEMMA3;
     tiny_add(m, &rng, "token_embd.weight", "model.embed_tokens.weight", 0, d, s.n_vocab, false);
-    for (int64_t i = 0; i < d * s.n_vocab; i++) m->t[0].data[i] *= 20.0f; /* embeddings are O(1) */
+    m->t[0].gain = 20.0f; /* embeddings are O(1) */
+    for (int64_t i = 0; m->t[0].data && i < d * s.n_vocab; i++) m->t[0].data[i] *= 20.0f;
     tiny_add(m, &rng, "output_norm.weight", "model.norm.weight", 0, d, 1, true);
-    if (s.arch == LM_ARCH_QWEN2) tiny_add(m, &rng, "output.weight", "lm_head.weight", 0, d, s.n_vocab, false);
+    if (s.arch == LM_ARCH_QWEN2 && !s.tied) tiny_add(m, &rng, "output.weight", "lm_head.weight", 0, d, s.n_vocab, false);
     for (int il = 0; il < s.n_layer; il++) {
         tiny_add(m, &rng, "blk.%d.attn_norm.weight", "model.layers.%d.input_layernorm.weight", il, d, 1, true);
         tiny_add(m, &rng, "blk.%d.attn_q.weight", "model.layers.%d.self_attn.q_proj.weight", il, d, q, false);
@@ -122,11 +146,67 @@ static inline void tiny_build(tiny_model *m, tiny_spec s) {
 }
 
 static inline void tiny_free(tiny_model *m) {
-    for (int i = 0; i < m->n; i++) free(m->t[i].data);
+    for (int i = 0; i < m->n; i++) free(m->t[i].data), free(m->t[i].q);
     m->n = 0;
 }
 
+/* The GGUF type of a tensor: F32 for vectors, else the spec's mix or matrix_type. */
+static inline lm_dtype tiny_tensor_type(const tiny_model *m, const tiny_tensor *t) {
+    if (t->ne1 == 1) return LM_DTYPE_F32;
+    return m->spec.type_of ? m->spec.type_of(&m->spec, t->gguf_name, t->layer) : m->spec.matrix_type;
+}
+
+/* Bytes of a tensor in its GGUF type (the size of t->q). */
+static inline size_t tiny_quant_bytes(const tiny_model *m, const tiny_tensor *t) {
+    return lm_dtype_row_bytes(tiny_tensor_type(m, t), t->ne0) * (size_t)t->ne1;
+}
+
+/* Row r of tensor i of a lazy model, f32 [ne0]: the same distribution as the eager
+ * fill, from a generator seeded by (seed, i, r). */
+static inline void tiny_lazy_row(const tiny_model *m, int i, int64_t r, float *row) {
+    const tiny_tensor *t = &m->t[i];
+    uint64_t rng = m->spec.seed ^ (0x9E3779B97F4A7C15ULL * (uint64_t)(i + 1)) ^ (0xD1B54A32D192ED03ULL * (uint64_t)(r + 1));
+    tiny_rng(&rng);
+    if (t->is_norm)
+        tiny_fill(&rng, row, t->ne0, 0.2f, 1.0f);
+    else
+        tiny_fill(&rng, row, t->ne0, 1.0f / (float)t->ne0 * 3.0f, 0.0f);
+    if (t->gain != 1.0f)
+        for (int64_t j = 0; j < t->ne0; j++) row[j] *= t->gain;
+}
+
+/* One row of GGUF type `qt` as a Hugging Face row of `hf_type` (F32 or BF16): the
+ * quantized values decoded (Gemma norms stored as w - 1). rowf: scratch [ne0]. */
+static inline void tiny_hf_row(const tiny_model *m, const tiny_tensor *t, const uint8_t *qrow, lm_dtype hf_type,
+                               void *out, float *rowf) {
+    lm_dequantize_row(tiny_tensor_type(m, t), qrow, rowf, t->ne0);
+    if (t->is_norm && m->spec.arch == LM_ARCH_GEMMA3)
+        for (int64_t j = 0; j < t->ne0; j++) rowf[j] -= 1.0f;
+    lm_quantize_row(hf_type, rowf, out, t->ne0);
+}
+
+/* Rows [r0, r1) of tensor i quantized into t->q (allocated by the caller with
+ * tiny_quant_bytes) and, when hf is not NULL, written to hf (the whole tensor's
+ * buffer) as the Hugging Face rows of hf_type. Threads may make disjoint row ranges.
+ * row: scratch of 2 * ne0 floats. */
+static inline void tiny_make_rows(const tiny_model *m, int i, int64_t r0, int64_t r1, lm_dtype hf_type, void *hf,
+                                  float *row) {
+    const tiny_tensor *t = &m->t[i];
+    lm_dtype type = tiny_tensor_type(m, t);
+    size_t qb = lm_dtype_row_bytes(type, t->ne0), hb = lm_dtype_row_bytes(hf_type, t->ne0);
+    for (int64_t r = r0; r < r1; r++) {
+        const float *src = t->data ? t->data + r * t->ne0 : row;
+        if (!t->data) tiny_lazy_row(m, i, r, row);
+        lm_quantize_row(type, src, t->q + (size_t)r * qb, t->ne0);
+        if (hf) tiny_hf_row(m, t, t->q + (size_t)r * qb, hf_type, (uint8_t *)hf + (size_t)r * hb, row + t->ne0);
+    }
+}
+
 static inline const char *tiny_gguf_arch(lm_arch a) { return lm_arch_name(a); }
+
+static inline float tiny_rope_theta(const tiny_spec *s) {
+    return s->rope_theta > 0 ? s->rope_theta : s->arch == LM_ARCH_GEMMA3 ? 1e6f : 10000.0f;
+}
 
 /* Writes the model as GGUF. `skip` names a tensor to leave out (bad-input tests);
  * `extra`, if not NULL, adds metadata (a tokenizer, a chat template) to the writer. */
@@ -145,10 +225,10 @@ static inline lm_status tiny_write_gguf_ex(const tiny_model *m, const char *path
     lm_gguf_writer_set_u32(w, TINY_KEY("attention.head_count_kv"), (uint32_t)s->n_head_kv);
     lm_gguf_writer_set_u32(w, TINY_KEY("attention.key_length"), (uint32_t)s->head_dim);
     lm_gguf_writer_set_u32(w, TINY_KEY("attention.value_length"), (uint32_t)s->head_dim);
-    lm_gguf_writer_set_u32(w, TINY_KEY("context_length"), 512);
+    lm_gguf_writer_set_u32(w, TINY_KEY("context_length"), s->n_ctx_train > 0 ? (uint32_t)s->n_ctx_train : 512);
     lm_gguf_writer_set_u32(w, TINY_KEY("vocab_size"), (uint32_t)s->n_vocab);
     lm_gguf_writer_set_f32(w, TINY_KEY("attention.layer_norm_rms_epsilon"), 1e-6f);
-    lm_gguf_writer_set_f32(w, TINY_KEY("rope.freq_base"), s->arch == LM_ARCH_GEMMA3 ? 1e6f : 10000.0f);
+    lm_gguf_writer_set_f32(w, TINY_KEY("rope.freq_base"), tiny_rope_theta(s));
     if (s->sliding_window) lm_gguf_writer_set_u32(w, TINY_KEY("attention.sliding_window"), (uint32_t)s->sliding_window);
 #undef TINY_KEY
     if (extra) extra(w, user);
@@ -157,13 +237,21 @@ static inline lm_status tiny_write_gguf_ex(const tiny_model *m, const char *path
     for (int i = 0; i < m->n && st == LM_OK; i++) {
         const tiny_tensor *t = &m->t[i];
         if (skip && strcmp(skip, t->gguf_name) == 0) continue;
-        lm_dtype type = t->ne1 == 1 ? LM_DTYPE_F32 : s->matrix_type;
+        lm_dtype type = tiny_tensor_type(m, t);
         size_t row = lm_dtype_row_bytes(type, t->ne0);
-        bufs[i] = malloc(row * (size_t)t->ne1);
-        for (int64_t r = 0; r < t->ne1; r++)
-            lm_quantize_row(type, t->data + r * t->ne0, (uint8_t *)bufs[i] + (size_t)r * row, t->ne0);
+        const void *data = t->q;
+        if (!data) {
+            bufs[i] = malloc(row * (size_t)t->ne1);
+            if (!bufs[i]) {
+                st = LM_ERR_NO_MEMORY;
+                break;
+            }
+            for (int64_t r = 0; r < t->ne1; r++)
+                lm_quantize_row(type, t->data + r * t->ne0, (uint8_t *)bufs[i] + (size_t)r * row, t->ne0);
+            data = bufs[i];
+        }
         int64_t ne[2] = {t->ne0, t->ne1};
-        st = lm_gguf_writer_add_tensor(w, t->gguf_name, type, t->ne1 == 1 ? 1 : 2, ne, bufs[i]);
+        st = lm_gguf_writer_add_tensor(w, t->gguf_name, type, t->ne1 == 1 ? 1 : 2, ne, data);
     }
     if (st == LM_OK) st = lm_gguf_writer_write(w, path);
     for (int i = 0; i < m->n; i++) free(bufs[i]);
@@ -177,55 +265,78 @@ static inline lm_status tiny_write_gguf(const tiny_model *m, const char *path, c
 }
 
 /* Writes the model as a Hugging Face folder: config.json + model.safetensors with
- * F32 weights (the HF layout: Gemma norms stored as w - 1). Only for architectures
- * whose GGUF and HF layouts share RoPE pairing (qwen2, gemma3), so both files hold
- * the same model. */
-static inline lm_status tiny_write_hf(const tiny_model *m, const char *dir) {
+ * weights of `st_type` (F32 or BF16; the HF layout: Gemma norms stored as w - 1).
+ * Only for architectures whose GGUF and HF layouts share RoPE pairing (qwen2,
+ * gemma3). Matrices hold the GGUF file's quantized values decoded, so both files hold
+ * the same model (exactly in F32; BF16 rounds them). */
+static inline lm_status tiny_write_hf_ex(const tiny_model *m, const char *dir, lm_dtype st_type, void *const *pre) {
     const tiny_spec *s = &m->spec;
+    if (st_type != LM_DTYPE_F32 && st_type != LM_DTYPE_BF16) return LM_ERR_INVALID_ARG;
     mkdir(dir, 0755);
     char path[1024];
     snprintf(path, sizeof path, "%s/config.json", dir);
     FILE *f = fopen(path, "w");
     if (!f) return LM_ERR_IO;
-    const char *type = s->arch == LM_ARCH_QWEN2 ? "qwen2" : s->arch == LM_ARCH_GEMMA3 ? "gemma3_text" : "llama";
+    bool qwen2 = s->arch == LM_ARCH_QWEN2, gemma = s->arch == LM_ARCH_GEMMA3;
+    const char *type = qwen2 ? "qwen2" : gemma ? "gemma3_text" : "llama";
+    const char *cls = qwen2 ? "Qwen2ForCausalLM" : gemma ? "Gemma3ForCausalLM" : "LlamaForCausalLM";
+    int n_ctx = s->n_ctx_train > 0 ? s->n_ctx_train : 512;
     fprintf(f,
-            "{\"model_type\": \"%s\", \"vocab_size\": %d, \"hidden_size\": %d, \"num_hidden_layers\": %d,\n"
-            " \"intermediate_size\": %d, \"num_attention_heads\": %d, \"num_key_value_heads\": %d, \"head_dim\": %d,\n"
-            " \"max_position_embeddings\": 512, \"rms_norm_eps\": 1e-6, \"rope_theta\": %s,\n"
+            "{\"architectures\": [\"%s\"], \"model_type\": \"%s\", \"vocab_size\": %d, \"hidden_size\": %d,\n"
+            " \"num_hidden_layers\": %d, \"intermediate_size\": %d, \"num_attention_heads\": %d,\n"
+            " \"num_key_value_heads\": %d, \"head_dim\": %d, \"hidden_act\": \"%s\",\n"
+            " \"max_position_embeddings\": %d, \"rms_norm_eps\": 1e-6, \"rope_theta\": %.1f,\n"
             " \"tie_word_embeddings\": %s, \"sliding_window\": %d, \"query_pre_attn_scalar\": %d,\n"
-            " \"rope_local_base_freq\": 10000.0}\n",
-            type, s->n_vocab, s->n_embd, s->n_layer, s->n_ff, s->n_head, s->n_head_kv, s->head_dim,
-            s->arch == LM_ARCH_GEMMA3 ? "1000000.0" : "10000.0", s->arch == LM_ARCH_QWEN2 ? "false" : "true",
-            s->sliding_window, s->head_dim);
+            " \"rope_local_base_freq\": 10000.0, \"torch_dtype\": \"%s\", \"use_cache\": true}\n",
+            cls, type, s->n_vocab, s->n_embd, s->n_layer, s->n_ff, s->n_head, s->n_head_kv, s->head_dim,
+            gemma ? "gelu_pytorch_tanh" : "silu", n_ctx, (double)tiny_rope_theta(s),
+            qwen2 && !s->tied ? "false" : "true", qwen2 ? n_ctx : s->sliding_window, s->head_dim,
+            st_type == LM_DTYPE_BF16 ? "bfloat16" : "float32");
     fclose(f);
     lm_safetensors_writer *w = lm_safetensors_writer_create();
-    float **bufs = calloc((size_t)m->n, sizeof(float *));
-    lm_status st = LM_OK;
+    void **bufs = calloc((size_t)m->n, sizeof(void *));
+    float *rowf = NULL;
+    lm_status st = w && bufs ? LM_OK : LM_ERR_NO_MEMORY;
+    size_t esz = st_type == LM_DTYPE_BF16 ? 2 : 4;
     for (int i = 0; i < m->n && st == LM_OK; i++) {
         const tiny_tensor *t = &m->t[i];
-        int64_t n = t->ne0 * t->ne1;
-        bufs[i] = malloc(sizeof(float) * (size_t)n);
-        /* the GGUF side holds the quantized values: write exactly those */
-        lm_dtype qt = t->ne1 == 1 ? LM_DTYPE_F32 : s->matrix_type;
-        size_t row = lm_dtype_row_bytes(qt, t->ne0);
-        uint8_t *q = malloc(row);
-        for (int64_t r = 0; r < t->ne1; r++) {
-            lm_quantize_row(qt, t->data + r * t->ne0, q, t->ne0);
-            lm_dequantize_row(qt, q, bufs[i] + r * t->ne0, t->ne0);
+        const void *data = pre ? pre[i] : NULL;
+        if (!data) {
+            bufs[i] = malloc(esz * (size_t)(t->ne0 * t->ne1));
+            free(rowf);
+            rowf = malloc(sizeof(float) * (size_t)t->ne0);
+            lm_dtype qt = tiny_tensor_type(m, t);
+            size_t row = lm_dtype_row_bytes(qt, t->ne0);
+            uint8_t *q = t->q ? NULL : malloc(row);
+            if (!bufs[i] || !rowf || (!t->q && !q)) {
+                free(q);
+                st = LM_ERR_NO_MEMORY;
+                break;
+            }
+            /* the GGUF side holds the quantized values: write exactly those */
+            for (int64_t r = 0; r < t->ne1; r++) {
+                if (!t->q) lm_quantize_row(qt, t->data + r * t->ne0, q, t->ne0);
+                tiny_hf_row(m, t, t->q ? t->q + (size_t)r * row : q, st_type,
+                            (uint8_t *)bufs[i] + (size_t)(r * t->ne0) * esz, rowf);
+            }
+            free(q);
+            data = bufs[i];
         }
-        free(q);
-        if (t->is_norm && s->arch == LM_ARCH_GEMMA3)
-            for (int64_t j = 0; j < n; j++) bufs[i][j] -= 1.0f;
         int64_t shape[2] = {t->ne1, t->ne0};
-        st = t->ne1 == 1 ? lm_safetensors_writer_add(w, t->hf_name, LM_DTYPE_F32, 1, &shape[1], bufs[i])
-                         : lm_safetensors_writer_add(w, t->hf_name, LM_DTYPE_F32, 2, shape, bufs[i]);
+        st = t->ne1 == 1 ? lm_safetensors_writer_add(w, t->hf_name, st_type, 1, &shape[1], data)
+                         : lm_safetensors_writer_add(w, t->hf_name, st_type, 2, shape, data);
     }
+    free(rowf);
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     if (st == LM_OK) st = lm_safetensors_writer_write(w, path);
-    for (int i = 0; i < m->n; i++) free(bufs[i]);
+    for (int i = 0; bufs && i < m->n; i++) free(bufs[i]);
     free(bufs);
     lm_safetensors_writer_free(w);
     return st;
+}
+
+static inline lm_status tiny_write_hf(const tiny_model *m, const char *dir) {
+    return tiny_write_hf_ex(m, dir, LM_DTYPE_F32, NULL);
 }
 
 #endif
