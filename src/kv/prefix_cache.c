@@ -223,6 +223,11 @@ int64_t lm_prefix_cache_evict(lm_prefix_cache *pc, int64_t want_free) {
     return n;
 }
 
+void lm_prefix_cache_trim(lm_prefix_cache *pc) {
+    while (pc->st.bytes > pc->max_bytes && evict_one(pc)) {
+    }
+}
+
 /* Evictable blocks in the subtree of n (n included when it is not the root); sets
  * *all when the whole subtree can go. */
 static int64_t count_evictable(const lm_prefix_cache *pc, const node *n, bool *all) {

@@ -63,6 +63,9 @@ lm_status lm_prefix_cache_insert(lm_prefix_cache *pc, const int32_t *tokens, int
  * blocks or nothing more can go. Returns the number of blocks evicted. */
 int64_t lm_prefix_cache_evict(lm_prefix_cache *pc, int64_t want_free);
 
+/* Evicts down to the byte budget (after sequences let go of blocks). */
+void lm_prefix_cache_trim(lm_prefix_cache *pc);
+
 /* Blocks that evicting everything evictable would return to the pool. */
 int64_t lm_prefix_cache_evictable(const lm_prefix_cache *pc);
 
