@@ -6,13 +6,14 @@
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
 FUZZ_BUILD ?= build-fuzz
+TSAN_BUILD ?= build-tsan
 JOBS       ?= $(shell nproc)
 MODEL      ?= smollm2-135m
 PROMPT     ?= In one sentence, what is the capital of France and why is it famous?
 FUZZ_SECONDS ?= 30
 LUMEN      := $(BUILD)/lumen
 
-.PHONY: all deps build run pull pull-test-models test test-unit test-golden test-extended test-asan test-fuzz clean
+.PHONY: all deps build run pull pull-test-models test test-unit test-golden test-extended test-asan test-tsan test-fuzz clean
 
 all: build
 
@@ -58,6 +59,14 @@ test-asan: deps
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 		ctest --output-on-failure -LE "golden|fuzz|e2e" -j$(JOBS)
 
+# The threaded tests (the engine: worker thread, jobs, streaming from many threads,
+# cancellation, close with jobs queued) under ThreadSanitizer, in their own build.
+test-tsan: deps
+	@cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DLUMEN_TSAN=ON >/dev/null
+	@cmake --build $(TSAN_BUILD) -j$(JOBS) --target test_engine test_engine_stress test_prefix_cache
+	cd $(TSAN_BUILD) && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+		ctest --output-on-failure -R "^(test_engine|test_engine_stress|test_prefix_cache)$$"
+
 test-fuzz: deps
 	@cmake -S . -B $(FUZZ_BUILD) -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=Debug \
 		-DLUMEN_FUZZ=ON -DLUMEN_SANITIZE=ON -DLUMEN_FUZZ_SECONDS=$(FUZZ_SECONDS) >/dev/null
@@ -65,4 +74,4 @@ test-fuzz: deps
 	cd $(FUZZ_BUILD) && ctest --output-on-failure -L fuzz
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) $(TSAN_BUILD)
