@@ -1,6 +1,7 @@
 /* Matrix-product throughput of the CUDA backend on Qwen2.5-1.5B-shaped weights.
  *
  * usage: bench_cuda_matvec [FORMAT...]      (default: Q4_K Q6_K Q8_0 BF16 F16)
+ *        bench_cuda_matvec --copy-only         (the ceilings only: device copy, host download)
  *
  * For each format: the model's four matrix shapes (q/o 1536x1536, k/v 256x1536,
  * gate/up 8960x1536, down 1536x8960), timed at n = 1 .. 512 tokens. Prints, per call,
@@ -111,6 +112,26 @@ int main(int argc, char **argv) {
     }
     if (a) g_b->ops->free(g_b, a);
     if (c) g_b->ops->free(g_b, c);
+
+    /* what a decode step of many sequences pays to bring every sequence's logits to
+     * the host (pageable memory, as lm_forward's caller gives it) */
+    size_t lbytes = (size_t)256 * VOCAB * sizeof(float);
+    void *dl = g_b->ops->alloc(g_b, lbytes);
+    float *hl = malloc(lbytes);
+    if (dl && hl) {
+        g_b->ops->download(g_b, hl, dl, lbytes);
+        double t0 = now_s();
+        for (int i = 0; i < 5; i++) g_b->ops->download(g_b, hl, dl, lbytes);
+        double t = (now_s() - t0) / 5;
+        printf("host download: %.1f GB/s (pageable; 256 rows of logits, %.0f MB, in %.2f ms)\n\n", lbytes / t / 1e9,
+               lbytes / 1e6, t * 1e3);
+    }
+    if (dl) g_b->ops->free(g_b, dl);
+    free(hl);
+    if (argc > 1 && strcmp(argv[1], "--copy-only") == 0) {
+        lm_backend_free(g_b);
+        return 0;
+    }
 
     static const char *def[] = {"Q4_K", "Q6_K", "Q8_0", "BF16", "F16"};
     int n_fmt = argc > 1 ? argc - 1 : 5;
