@@ -1,7 +1,8 @@
 /* Matrix-product throughput of the CUDA backend on Qwen2.5-1.5B-shaped weights.
  *
  * usage: bench_cuda_matvec [FORMAT...]      (default: Q4_K Q6_K Q8_0 BF16 F16)
- *        bench_cuda_matvec --copy-only         (the ceilings only: device copy, host download)
+ *        bench_cuda_matvec --copy-only         (only the ceilings: device copy, host download;
+ *                                               and the matmul_many check)
  *
  * For each format: the model's four matrix shapes (q/o 1536x1536, k/v 256x1536,
  * gate/up 8960x1536, down 1536x8960), timed at n = 1 .. 512 tokens. Prints, per call,
@@ -67,15 +68,18 @@ static double time_matmul(lm_weight *w, const float *dx, int64_t n, float *dy) {
     return t / iters;
 }
 
+static int64_t g_period = 256;
+
 static lm_weight *make_weight(lm_dtype type, int64_t rows, int64_t cols) {
-    /* 256 random rows, repeated: quantizing a 151936-row head on the host would take
-     * longer than the whole benchmark, and the content does not change the work */
+    /* g_period (256) random rows, repeated: quantizing a 151936-row head on the host
+     * would take longer than the whole benchmark, and the content does not change the
+     * work */
     size_t rb = lm_dtype_row_bytes(type, cols);
     uint8_t *data = malloc(rb * (size_t)rows);
     float *row = malloc(sizeof(float) * (size_t)cols);
     for (int64_t r = 0; r < rows; r++) {
-        if (r >= 256) {
-            memcpy(data + (size_t)r * rb, data + (size_t)(r % 256) * rb, rb);
+        if (r >= g_period) {
+            memcpy(data + (size_t)r * rb, data + (size_t)(r % g_period) * rb, rb);
             continue;
         }
         for (int64_t j = 0; j < cols; j++) row[j] = frand() * 0.05f;
@@ -87,6 +91,70 @@ static lm_weight *make_weight(lm_dtype type, int64_t rows, int64_t cols) {
     free(row);
     free(data); /* the backend holds its own copy */
     return w;
+}
+
+/* matmul_many must equal one matmul per weight bit for bit, on both paths: sets like
+ * the forward pass's (Q/K/V with V in another format, gate/up, F32 next to BF16). */
+static void check_matmul_many(void) {
+    if (!g_b->ops->matmul_many) {
+        printf("matmul_many: not used (LUMEN_CUDA_MATMUL_MANY=0)\n\n");
+        return;
+    }
+    typedef struct set {
+        int n_w;
+        lm_dtype type[3];
+        int64_t rows[3], cols;
+    } set;
+    static const set sets[] = {
+        {3, {LM_DTYPE_Q4_K, LM_DTYPE_Q4_K, LM_DTYPE_Q6_K}, {1536, 256, 256}, 1536},
+        {3, {LM_DTYPE_BF16, LM_DTYPE_BF16, LM_DTYPE_BF16}, {1536, 256, 256}, 1536},
+        {2, {LM_DTYPE_Q4_K, LM_DTYPE_Q4_K}, {1024, 1024}, 1536},
+        {2, {LM_DTYPE_F32, LM_DTYPE_BF16}, {256, 512}, 1536},
+        {3, {LM_DTYPE_Q8_0, LM_DTYPE_Q6_K, LM_DTYPE_Q8_0}, {64, 128, 96}, 512},
+    };
+    static const int64_t ns[] = {1, 3, 8, 16, 17, 64, 200};
+    int cases = 0, differ = 0;
+    g_period = 1 << 30; /* every row its own: an indexing error cannot hide */
+    int64_t max_n = 200, cols_max = 1536, rows_max = 1536;
+    float *dx = g_b->ops->alloc(g_b, sizeof(float) * (size_t)(max_n * cols_max));
+    float *hx = malloc(sizeof(float) * (size_t)(max_n * cols_max));
+    float *dref[3], *dy[3], *href = malloc(sizeof(float) * (size_t)(max_n * rows_max)),
+                          *hy = malloc(sizeof(float) * (size_t)(max_n * rows_max));
+    for (int i = 0; i < 3; i++) {
+        dref[i] = g_b->ops->alloc(g_b, sizeof(float) * (size_t)(max_n * rows_max));
+        dy[i] = g_b->ops->alloc(g_b, sizeof(float) * (size_t)(max_n * rows_max));
+    }
+    for (int64_t i = 0; i < max_n * cols_max; i++) hx[i] = frand();
+    g_b->ops->upload(g_b, dx, hx, sizeof(float) * (size_t)(max_n * cols_max));
+    for (size_t si = 0; si < sizeof sets / sizeof sets[0]; si++) {
+        const set *st = &sets[si];
+        lm_weight *w[3] = {NULL, NULL, NULL};
+        for (int i = 0; i < st->n_w; i++) w[i] = make_weight(st->type[i], st->rows[i], st->cols);
+        for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+            int64_t n = ns[ni];
+            bool ok = true;
+            for (int i = 0; i < st->n_w; i++) ok = ok && g_b->ops->matmul(g_b, w[i], dx, n, dref[i]) == LM_OK;
+            ok = ok && g_b->ops->matmul_many(g_b, (const lm_weight *const *)w, st->n_w, dx, n, dy) == LM_OK;
+            for (int i = 0; ok && i < st->n_w; i++) {
+                size_t bytes = sizeof(float) * (size_t)(n * st->rows[i]);
+                g_b->ops->download(g_b, href, dref[i], bytes);
+                g_b->ops->download(g_b, hy, dy[i], bytes);
+                ok = memcmp(href, hy, bytes) == 0;
+            }
+            cases++;
+            if (!ok) {
+                differ++;
+                printf("matmul_many DIFFERS: set %zu (%s ...), n=%lld: %s\n", si, lm_dtype_name(st->type[0]),
+                       (long long)n, lm_last_error());
+            }
+        }
+        for (int i = 0; i < st->n_w; i++) g_b->ops->weight_free(g_b, w[i]);
+    }
+    printf("matmul_many check: %d cases, %d differ from separate matmuls\n\n", cases, differ);
+    g_period = 256;
+    for (int i = 0; i < 3; i++) g_b->ops->free(g_b, dref[i]), g_b->ops->free(g_b, dy[i]);
+    g_b->ops->free(g_b, dx);
+    free(hx), free(href), free(hy);
 }
 
 int main(int argc, char **argv) {
@@ -128,6 +196,7 @@ int main(int argc, char **argv) {
     }
     if (dl) g_b->ops->free(g_b, dl);
     free(hl);
+    check_matmul_many();
     if (argc > 1 && strcmp(argv[1], "--copy-only") == 0) {
         lm_backend_free(g_b);
         return 0;

@@ -99,13 +99,14 @@ echo "built in $(elapsed)s ($(grep -c warning "$OUT/build.log" || true) compiler
 LUMEN="$BUILD/lumen"
 
 # ---- 2. ceilings ---------------------------------------------------------------
-step "ceilings: device copy, host download"
+step "ceilings (device copy, host download) and the matmul_many check"
 COPY_GBS=0
 if timeout 60 "$BUILD/bench_cuda_matvec" --copy-only > "$OUT/ceil.tmp" 2>&1; then
   COPY_GBS="$(sed -n 's/^device copy: \([0-9.]*\) GB.*/\1/p' "$OUT/ceil.tmp" | head -1)"
   COPY_GBS="${COPY_GBS:-0}"
 fi
-grep -E "copy|download|SKIPPED|rror" "$OUT/ceil.tmp" | tee -a "$LOG" || true
+grep -E "copy|download|matmul_many|SKIPPED|rror" "$OUT/ceil.tmp" | tee -a "$LOG" || true
+if grep -q "DIFFERS" "$OUT/ceil.tmp"; then RC=1; fi
 rm -f "$OUT/ceil.tmp"
 
 # ---- 3. models -----------------------------------------------------------------
@@ -204,7 +205,7 @@ fi
 
 # ---- 7. the table --------------------------------------------------------------
 step "summary (total $(elapsed)s)"
-grep -E "^device copy|^host download" "$LOG" | head -2 || true
+grep -E "^device copy|^host download|^matmul_many check" "$LOG" | head -3 || true
 grep -E "comparisons|^op tests:" "$LOG" | tail -2 || true
 python3 "$ROOT/bench/cuda_bench_table.py" --config "$HF/config.json" --lumen-q4 "$OUT/lumen_q4km.json" \
   --lumen-bf16 "$OUT/lumen_bf16.json" --lumen-bf16-last "$OUT/lumen_bf16_last.json" --hf "$OUT/hf_peer.json" \

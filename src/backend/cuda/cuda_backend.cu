@@ -429,6 +429,9 @@ static void init_ops(void) {
     o->weight_free = cuda_weight_free;
     o->get_rows = lm_cuda_get_rows;
     o->matmul = lm_cuda_matmul;
+    /* LUMEN_CUDA_MATMUL_MANY=0: one launch per product (the fused path's A/B switch) */
+    const char *many = getenv("LUMEN_CUDA_MATMUL_MANY");
+    o->matmul_many = many && strcmp(many, "0") == 0 ? NULL : lm_cuda_matmul_many;
     o->rms_norm = lm_cuda_rms_norm;
     o->add = lm_cuda_add;
     o->add_bias = lm_cuda_add_bias;

@@ -120,6 +120,8 @@ static inline unsigned lm_cuda_blocks(int64_t n, int threads) {
 extern "C" {
 void lm_cuda_get_rows(lm_backend *b, const lm_weight *table, const int32_t *ids, int64_t n, float *out);
 lm_status lm_cuda_matmul(lm_backend *b, const lm_weight *w, const float *x, int64_t n, float *y);
+lm_status lm_cuda_matmul_many(lm_backend *b, const lm_weight *const *w, int n_w, const float *x, int64_t n,
+                              float *const *y);
 void lm_cuda_rms_norm(lm_backend *b, const float *x, const float *w, int64_t n, int64_t d, float eps, float *y);
 void lm_cuda_add(lm_backend *b, float *y, const float *x, int64_t n);
 void lm_cuda_add_bias(lm_backend *b, float *y, const float *bias, int64_t n, int64_t d);

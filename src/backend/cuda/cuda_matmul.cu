@@ -18,27 +18,55 @@
  *    scratch buffer, so every token sees the same GEMM shape, the same algorithm and
  *    the same pointer alignments whatever the batch: batch-invariant within the path.
  *
+ * matmul_many (Q/K/V, gate/up: products of one input): on the matrix-vector path the
+ * weights of one format are one launch over their concatenated rows (each row computed
+ * exactly as matmul computes it: the warps per row depend on the column count only,
+ * which the weights share); on the GEMM path the activations are rounded to bf16 once
+ * for all weights. Bit-identical to separate matmul calls, in fewer launches.
+ *
  * The two paths round differently (bf16 activations vs f32), so a token computed in a
  * decode step and the same token inside a large batch agree to about 1e-3, not to the
  * bit. LUMEN_CUDA_MV_MAX_N=1000000000 makes every product take the exact path (bit
  * batch-invariant, slower prefill). */
+#include <string.h>
+
 #include "backend/cuda/cuda_dequant.cuh"
 
-enum { MV_THREADS = 128, MV_MAX_NT = 8, GEMM_CHUNK = 128 };
+enum { MV_THREADS = 128, MV_MAX_NT = 8, GEMM_CHUNK = 128, MV_MAX_SET = 4 };
+
+/* Up to MV_MAX_SET weights of one format and column count, their rows concatenated:
+ * global row r belongs to the first weight k with r < end[k]. A kernel parameter read
+ * in place (__grid_constant__), so indexing it by k costs no local copy. */
+typedef struct mv_set {
+    const uint8_t *W[MV_MAX_SET];
+    float *y[MV_MAX_SET];
+    size_t row_bytes[MV_MAX_SET];
+    int rows[MV_MAX_SET], end[MV_MAX_SET];
+    int n_w;
+} mv_set;
+
+__device__ __forceinline__ int mv_which(const mv_set &s, int row) {
+    int k = 0;
+    while (k + 1 < s.n_w && row >= s.end[k]) k++;
+    return k;
+}
 
 template <int T, int NT>
 __global__ void __launch_bounds__(MV_THREADS)
-    mv_kernel(const uint8_t *__restrict__ W, size_t row_bytes, int rows, int n_chunks, int cols,
-              const float *__restrict__ x, int n, float *__restrict__ y, int wpr) {
+    mv_kernel(const __grid_constant__ mv_set set, int n_chunks, int cols, const float *__restrict__ x, int n,
+              int t_base, int wpr) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int rpb = (MV_THREADS / 32) / wpr; /* rows per block */
     const int row = blockIdx.x * rpb + warp / wpr, part = warp % wpr;
     const int t0 = blockIdx.y * NT;
+    const int rows_all = set.end[set.n_w - 1];
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = 0.0f;
-    if (row < rows) {
-        const uint8_t *wr = W + (size_t)row * row_bytes;
+    if (row < rows_all) {
+        const int k = mv_which(set, row);
+        const int lr = row - (k ? set.end[k - 1] : 0);
+        const uint8_t *wr = set.W[k] + (size_t)lr * set.row_bytes[k];
         for (int c = part * 32 + lane; c < n_chunks; c += wpr * 32) {
             float w[8];
             deq8<T>(wr, c, w);
@@ -72,10 +100,12 @@ __global__ void __launch_bounds__(MV_THREADS)
     __syncthreads();
     if ((int)threadIdx.x < rpb * NT) {
         int rl = threadIdx.x / NT, t = threadIdx.x % NT, r = blockIdx.x * rpb + rl;
-        if (r < rows && t0 + t < n) {
+        if (r < rows_all && t0 + t < n) {
             float s = red[rl * wpr][t];
             for (int p = 1; p < wpr; p++) s += red[rl * wpr + p][t];
-            y[(size_t)(t0 + t) * rows + r] = s;
+            const int k = mv_which(set, r);
+            const int lr = r - (k ? set.end[k - 1] : 0);
+            set.y[k][(size_t)(t_base + t0 + t) * set.rows[k] + lr] = s;
         }
     }
 }
@@ -84,25 +114,39 @@ __global__ void __launch_bounds__(MV_THREADS)
  * function of the weight's shape only (never of the batch) */
 static int mv_warps_per_row(int64_t n_chunks) { return n_chunks >= 1024 ? 4 : n_chunks >= 512 ? 2 : 1; }
 
+/* The weights w[0..n_w) (one format, one column count; n_w <= MV_MAX_SET) times x in
+ * one launch per group of tokens. */
 template <int T>
-static void launch_mv(lm_cuda_backend *cu, const lm_weight *w, const float *x, int64_t n, float *y) {
-    int n_chunks = (int)(w->cols / 8), wpr = mv_warps_per_row(n_chunks);
+static void launch_mv(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, const float *x, int64_t n,
+                      float *const *y) {
+    mv_set set;
+    memset(&set, 0, sizeof set);
+    int rows_all = 0;
+    for (int k = 0; k < n_w; k++) {
+        set.W[k] = (const uint8_t *)w[k]->data;
+        set.y[k] = y[k];
+        set.row_bytes[k] = w[k]->row_bytes;
+        set.rows[k] = (int)w[k]->rows;
+        rows_all += (int)w[k]->rows;
+        set.end[k] = rows_all;
+    }
+    set.n_w = n_w;
+    int n_chunks = (int)(w[0]->cols / 8), wpr = mv_warps_per_row(n_chunks);
     int rpb = (MV_THREADS / 32) / wpr;
     dim3 block(MV_THREADS);
     const int64_t max_per_launch = (int64_t)MV_MAX_NT * 65535;
     for (int64_t t0 = 0; t0 < n; t0 += max_per_launch) {
         int nn = (int)(n - t0 < max_per_launch ? n - t0 : max_per_launch);
         int nt = nn == 1 ? 1 : nn == 2 ? 2 : nn <= 4 ? 4 : 8;
-        dim3 grid((unsigned)((w->rows + rpb - 1) / rpb), (unsigned)((nn + nt - 1) / nt));
-        const uint8_t *W = (const uint8_t *)w->data;
-        const float *xs = x + t0 * w->cols;
-        float *ys = y + t0 * w->rows;
-        int rows = (int)w->rows, cols = (int)w->cols;
+        dim3 grid((unsigned)((rows_all + rpb - 1) / rpb), (unsigned)((nn + nt - 1) / nt));
+        /* the kernel indexes tokens from t_base, so x and y need no offset per weight */
+        int cols = (int)w[0]->cols, tb = (int)t0;
+        const float *xs = x + t0 * cols;
         switch (nt) {
-        case 1: mv_kernel<T, 1><<<grid, block, 0, cu->stream>>>(W, w->row_bytes, rows, n_chunks, cols, xs, nn, ys, wpr); break;
-        case 2: mv_kernel<T, 2><<<grid, block, 0, cu->stream>>>(W, w->row_bytes, rows, n_chunks, cols, xs, nn, ys, wpr); break;
-        case 4: mv_kernel<T, 4><<<grid, block, 0, cu->stream>>>(W, w->row_bytes, rows, n_chunks, cols, xs, nn, ys, wpr); break;
-        default: mv_kernel<T, 8><<<grid, block, 0, cu->stream>>>(W, w->row_bytes, rows, n_chunks, cols, xs, nn, ys, wpr); break;
+        case 1: mv_kernel<T, 1><<<grid, block, 0, cu->stream>>>(set, n_chunks, cols, xs, nn, tb, wpr); break;
+        case 2: mv_kernel<T, 2><<<grid, block, 0, cu->stream>>>(set, n_chunks, cols, xs, nn, tb, wpr); break;
+        case 4: mv_kernel<T, 4><<<grid, block, 0, cu->stream>>>(set, n_chunks, cols, xs, nn, tb, wpr); break;
+        default: mv_kernel<T, 8><<<grid, block, 0, cu->stream>>>(set, n_chunks, cols, xs, nn, tb, wpr); break;
         }
         if (!lm_cuda_launched(cu, "mv_kernel")) return;
     }
@@ -161,7 +205,29 @@ static bool cublas_ok(lm_cuda_backend *cu, cublasStatus_t s, const char *what) {
     return false;
 }
 
-static void gemm_path(lm_cuda_backend *cu, const lm_weight *w, const float *x, int64_t n, float *y) {
+/* The GEMM path's activations: x [n][cols] padded with zeros to a whole number of
+ * chunks, as f32 (F32 weights) or rounded to bf16, in the XB scratch. NULL on failure
+ * (error recorded). */
+static const void *gemm_prepare_x(lm_cuda_backend *cu, bool f32, const float *x, int64_t n, int64_t cols) {
+    const int64_t n_pad = (n + GEMM_CHUNK - 1) / GEMM_CHUNK * GEMM_CHUNK;
+    void *xs = lm_cuda_scratch(cu, LM_CUDA_SCR_XB, (size_t)(n_pad * cols) * (f32 ? 4 : 2));
+    if (!xs) return NULL;
+    if (f32) {
+        if (!lm_cuda_ok(cu, cudaMemcpyAsync(xs, x, (size_t)(n * cols) * 4, cudaMemcpyDeviceToDevice, cu->stream),
+                        "matmul (activations)") ||
+            !lm_cuda_ok(cu, cudaMemsetAsync((float *)xs + n * cols, 0, (size_t)((n_pad - n) * cols) * 4, cu->stream),
+                        "matmul (padding)"))
+            return NULL;
+    } else {
+        to_bf16_kernel<<<lm_cuda_blocks(n_pad * cols, 256), 256, 0, cu->stream>>>(x, n * cols, n_pad * cols,
+                                                                                (__nv_bfloat16 *)xs);
+        if (!lm_cuda_launched(cu, "to_bf16_kernel")) return NULL;
+    }
+    return xs;
+}
+
+/* y = W x on prepared activations xs (gemm_prepare_x with f32 = W is F32). */
+static void gemm_run(lm_cuda_backend *cu, const lm_weight *w, const void *xs, int64_t n, float *y) {
     const int64_t rows = w->rows, cols = w->cols;
     const int64_t n_pad = (n + GEMM_CHUNK - 1) / GEMM_CHUNK * GEMM_CHUNK;
     const bool f32 = w->type == LM_DTYPE_F32, bf16 = w->type == LM_DTYPE_BF16;
@@ -172,23 +238,10 @@ static void gemm_path(lm_cuda_backend *cu, const lm_weight *w, const float *x, i
     if (rt > 16384) rt = 16384;
     if (rt > rows) rt = rows;
 
-    void *xs = lm_cuda_scratch(cu, LM_CUDA_SCR_XB, (size_t)(n_pad * cols) * (f32 ? 4 : 2));
     float *ys = (float *)lm_cuda_scratch(cu, LM_CUDA_SCR_Y, (size_t)(GEMM_CHUNK * rt) * 4);
     __nv_bfloat16 *wt = NULL;
     if (!f32 && !bf16) wt = (__nv_bfloat16 *)lm_cuda_scratch(cu, LM_CUDA_SCR_WTILE, (size_t)(rt * cols) * 2);
-    if (!xs || !ys || (!f32 && !bf16 && !wt)) return;
-
-    if (f32) {
-        if (!lm_cuda_ok(cu, cudaMemcpyAsync(xs, x, (size_t)(n * cols) * 4, cudaMemcpyDeviceToDevice, cu->stream),
-                        "matmul (activations)") ||
-            !lm_cuda_ok(cu, cudaMemsetAsync((float *)xs + n * cols, 0, (size_t)((n_pad - n) * cols) * 4, cu->stream),
-                        "matmul (padding)"))
-            return;
-    } else {
-        to_bf16_kernel<<<lm_cuda_blocks(n_pad * cols, 256), 256, 0, cu->stream>>>(x, n * cols, n_pad * cols,
-                                                                                (__nv_bfloat16 *)xs);
-        if (!lm_cuda_launched(cu, "to_bf16_kernel")) return;
-    }
+    if (!ys || (!f32 && !bf16 && !wt)) return;
     const float one = 1.0f, zero = 0.0f;
     for (int64_t r0 = 0; r0 < rows; r0 += rt) {
         int64_t nr = rows - r0 < rt ? rows - r0 : rt;
@@ -224,25 +277,73 @@ static void gemm_path(lm_cuda_backend *cu, const lm_weight *w, const float *x, i
     }
 }
 
-extern "C" lm_status lm_cuda_matmul(lm_backend *b, const lm_weight *w, const float *x, int64_t n, float *y) {
-    lm_cuda_backend *cu = lm_cuda(b);
+static lm_status mv_dispatch(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, const float *x, int64_t n,
+                             float *const *y) {
+    switch (w[0]->type) {
+#define LM_X(t) \
+    case t: launch_mv<t>(cu, w, n_w, x, n, y); break;
+        LM_CUDA_FOR_EACH_TYPE(LM_X)
+#undef LM_X
+    default:
+        return lm_error(LM_ERR_INTERNAL, "matmul: weight type %s has no CUDA kernel", lm_dtype_name(w[0]->type));
+    }
+    return LM_OK;
+}
+
+static lm_status matmul_begin(lm_cuda_backend *cu, const float *x) {
     lm_cuda_enter(cu);
     lm_status st = lm_cuda_take_error(cu); /* an earlier void op's failure */
     if (st) return st;
-    if (n <= 0) return LM_OK;
     if (((uintptr_t)x & 15) != 0)
         return lm_error(LM_ERR_INVALID_ARG, "matmul: activations at %p are not 16-byte aligned", (const void *)x);
+    return LM_OK;
+}
+
+extern "C" lm_status lm_cuda_matmul(lm_backend *b, const lm_weight *w, const float *x, int64_t n, float *y) {
+    lm_cuda_backend *cu = lm_cuda(b);
+    lm_status st = matmul_begin(cu, x);
+    if (st || n <= 0) return st;
     if (n <= cu->mv_max_n) {
-        switch (w->type) {
-#define LM_X(t) \
-    case t: launch_mv<t>(cu, w, x, n, y); break;
-            LM_CUDA_FOR_EACH_TYPE(LM_X)
-#undef LM_X
-        default:
-            return lm_error(LM_ERR_INTERNAL, "matmul: weight type %s has no CUDA kernel", lm_dtype_name(w->type));
+        if ((st = mv_dispatch(cu, &w, 1, x, n, &y))) return st;
+    } else {
+        const void *xs = gemm_prepare_x(cu, w->type == LM_DTYPE_F32, x, n, w->cols);
+        if (xs) gemm_run(cu, w, xs, n, y);
+    }
+    return lm_cuda_take_error(cu);
+}
+
+extern "C" lm_status lm_cuda_matmul_many(lm_backend *b, const lm_weight *const *w, int n_w, const float *x, int64_t n,
+                                         float *const *y) {
+    lm_cuda_backend *cu = lm_cuda(b);
+    lm_status st = matmul_begin(cu, x);
+    if (st || n <= 0 || n_w <= 0) return st;
+    for (int i = 1; i < n_w; i++)
+        if (w[i]->cols != w[0]->cols)
+            return lm_error(LM_ERR_INVALID_ARG, "matmul_many: weights of %lld and %lld columns share one input",
+                            (long long)w[0]->cols, (long long)w[i]->cols);
+    if (n <= cu->mv_max_n) {
+        /* one launch per run of consecutive weights of one format (Q/K in Q4_K and V in
+         * Q6_K make two) */
+        for (int i = 0; i < n_w;) {
+            int j = i + 1;
+            while (j < n_w && j - i < MV_MAX_SET && w[j]->type == w[i]->type) j++;
+            if ((st = mv_dispatch(cu, w + i, j - i, x, n, y + i))) return st;
+            if (cu->err) break;
+            i = j;
         }
     } else {
-        gemm_path(cu, w, x, n, y);
+        /* the activations rounded once for every weight of the same kind (F32 weights
+         * take them in f32) */
+        const void *xs = NULL;
+        int kind = -1;
+        for (int i = 0; i < n_w && !cu->err; i++) {
+            int k = w[i]->type == LM_DTYPE_F32;
+            if (k != kind) {
+                xs = gemm_prepare_x(cu, k, x, n, w[i]->cols);
+                kind = k;
+            }
+            if (xs) gemm_run(cu, w[i], xs, n, y[i]);
+        }
     }
     return lm_cuda_take_error(cu);
 }
