@@ -3,19 +3,21 @@
 #
 #   run(command="bash bench/cuda_bench_run.sh", carry=[".deps"])
 #
-#  1. builds with -DLUMEN_CUDA=ON (lumen, bench_make_model, bench_cuda_matvec);
-#  2. measures the ceilings (device-to-device copy, host download of logits);
+#  1. builds with -DLUMEN_CUDA=ON (lumen, bench_make_model, bench_cuda_matvec,
+#     test_backend_ops);
+#  2. measures the ceilings (device-to-device copy, host download of logits) and
+#     checks matmul_many against separate matmuls bit for bit;
 #  3. writes a Qwen2.5-Coder-1.5B-shaped model with random weights twice: a GGUF with
 #     a Q4_K_M-like mix and a Hugging Face folder in bf16 holding the same values
 #     (bench/bench_make_model.c; about 1 GB + 3.1 GB, in /dev/shm or /tmp, never $OUT);
 #  4. `lumen bench --backend cuda` on both: prefill of a 512-token prompt, decode at
 #     1, 8, 64 and 256 parallel sequences (128-token prompts, 128 generated, the
-#     logits of every sequence copied to the host each step);
-#  5. Hugging Face transformers on the bf16 folder (bench/hf_peer.py: static cache,
+#     logits of every sequence copied to the host each step); then bf16 again with
+#     --logits last at 64 and 256 (what the copy of the logits costs);
+#  5. the op tests in quick mode (test_backend_ops: the kernels still match the CPU);
+#  6. Hugging Face transformers on the bf16 folder (bench/hf_peer.py: static cache,
 #     torch.compile as transformers applies it by itself, batch sizes 1, 64, 8, 256
 #     in that order while time remains);
-#  then the op tests in quick mode (test_backend_ops: the kernels still match the CPU);
-#  6. if time remains, Lumen bf16 again with --logits last (what the copy costs);
 #  7. prints the table (bench/cuda_bench_table.py): every figure with its fraction of
 #     the limit (decode: bytes per step x steps/s over the measured copy rate;
 #     prefill: FLOPs over 790 TFLOP/s bf16).
@@ -162,7 +164,15 @@ lumen_bench lumen_q4km "$GGUF" "$(cap 150 $(( $(left) - 200 )))" --parallel "$PA
 step "lumen bench --backend cuda: bf16 folder"
 lumen_bench lumen_bf16 "$HF" "$(cap 150 $(( $(left) - 170 )))" --parallel "$PAR"
 
-# ---- op tests: the numbers above mean something only if the kernels are right ------
+# ---- 4b. what the copy of the logits costs ----------------------------------
+step "lumen bench, bf16, --logits last (64 and 256 sequences)"
+if [ "$(left)" -gt 200 ]; then
+  lumen_bench lumen_bf16_last "$HF" "$(cap 60 $(( $(left) - 190 )))" --parallel "$LAST_PAR" --logits last -p 0
+else
+  echo "skipped: $(left)s left" | tee -a "$LOG"
+fi
+
+# ---- 5. op tests: the numbers mean something only if the kernels are right -------
 step "op tests (test_backend_ops, quick: CUDA vs CPU)"
 st=0
 (cd "$ROOT" && LUMEN_TEST_OPS_QUICK=1 timeout 90 "$BUILD/tests/test_backend_ops") > "$OUT/ops.tmp" 2>&1 || st=$?
@@ -171,7 +181,7 @@ echo "op tests: status $st (0 pass, 1 failures, 77 skipped, 124 timed out)" | te
 [ "$st" -eq 0 ] || [ "$st" -eq 77 ] || RC=1
 rm -f "$OUT/ops.tmp"
 
-# ---- 5. Hugging Face transformers ----------------------------------------------
+# ---- 6. Hugging Face transformers ----------------------------------------------
 step "Hugging Face transformers (static cache) on the bf16 folder"
 HF_LEFT=$(( $(left) - 45 ))
 if [ ! -f "$HF/model.safetensors" ]; then
@@ -193,14 +203,6 @@ else
   echo "transformers peer: status $st in $(( $(date +%s) - t ))s$note" | tee -a "$LOG"
   rm -f "$OUT/hf_peer.json.tmp"
   grep "^hf_peer:" "$LOG" | tail -6 || true
-fi
-
-# ---- 6. what the logits copy costs ---------------------------------------------
-step "lumen bench, bf16, --logits last (64 and 256 sequences)"
-if [ "$(left)" -gt 50 ]; then
-  lumen_bench lumen_bf16_last "$HF" "$(( $(left) - 15 ))" --parallel "$LAST_PAR" --logits last -p 0
-else
-  echo "skipped: $(left)s left" | tee -a "$LOG"
 fi
 
 # ---- 7. the table --------------------------------------------------------------
