@@ -192,8 +192,8 @@ else
   mem_start
   t=$(date +%s)
   st=0
-  # the peer runs on its own libraries: not those of .deps
-  env -u LD_LIBRARY_PATH timeout "$HF_LEFT" "$PY" "$ROOT/bench/hf_peer.py" "$HF" --device "$HF_DEV" \
+  # the peer runs on its own libraries (not those of .deps), offline (nothing is reachable)
+  env -u LD_LIBRARY_PATH HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 timeout "$HF_LEFT" "$PY" "$ROOT/bench/hf_peer.py" "$HF" --device "$HF_DEV" \
     --batches "$HF_BATCHES" \
     --prompt "$PROMPT" --gen "$GEN" --pp "$PP" --reps "$REPS" --budget-s $(( HF_LEFT - 15 )) \
     --json "$OUT/hf_peer.json" > /dev/null 2>> "$LOG" || st=$?
