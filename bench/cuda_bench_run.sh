@@ -41,11 +41,11 @@ BUILD="${LUMEN_CUDA_BUILD:-$ROOT/build-cuda-device}"
 BUDGET="${LUMEN_BENCH_BUDGET:-525}"
 REPS="${LUMEN_BENCH_REPS:-3}"
 JOBS="${LUMEN_JOBS:-$(nproc)}"
-PAR="1,8,64,256" HF_BATCHES="1,64,8,256" LAST_PAR="64,256"
+PAR="1,8,64,256" SMALL_PAR="1,8" BIG_PAR="64,256" HF_BATCHES="1,64,8,256" LAST_PAR="64,256"
 PROMPT=128 GEN=128 PP=512
 BACKEND=cuda CUDA_FLAG=ON HF_DEV=cuda SHAPE=() PY="${LUMEN_BENCH_PYTHON:-python3}"
 if [ "${LUMEN_BENCH_DRYRUN:-0}" = 1 ]; then
-  PAR="1,4" HF_BATCHES="1,4" LAST_PAR="4" PROMPT=16 GEN=8 PP=64 BACKEND=cpu CUDA_FLAG=OFF HF_DEV=cpu REPS=1
+  PAR="1,4" SMALL_PAR="1" BIG_PAR="4" HF_BATCHES="1,4" LAST_PAR="4" PROMPT=16 GEN=8 PP=64 BACKEND=cpu CUDA_FLAG=OFF HF_DEV=cpu REPS=1
   SHAPE=(--layers 2 --vocab 4096 --embd 256 --ff 512 --heads 4 --kv-heads 2 --head-dim 64)
 fi
 mkdir -p "$OUT" "$BUILD"
@@ -137,6 +137,8 @@ fi
 ls -la "$GGUF" "$HF" 2>&1 | tee -a "$LOG" | head -8 || true
 
 # ---- 4. Lumen ------------------------------------------------------------------
+# appends one JSON line to $OUT/NAME.json per call (the table merges them), so a
+# batch size that runs out of time leaves the earlier ones measured
 lumen_bench() { # name model timeout extra-args...
   local name="$1" model="$2" tmo="$3"
   shift 3
@@ -150,23 +152,29 @@ lumen_bench() { # name model timeout extra-args...
   [ "$tmo" -gt 5 ] || { echo "skipped: no time left" | tee -a "$LOG"; RC=1; return 0; }
   mem_start
   timeout "$tmo" "$LUMEN" bench "$model" --backend "$BACKEND" -r "$REPS" -p "$PP" -n "$GEN" --parallel-prompt "$PROMPT" "$@" \
-    --json > "$OUT/$name.json" 2>> "$LOG" || st=$?
-  mem_stop "$name"
-  echo "$name: status $st in $(( $(date +%s) - t ))s" | tee -a "$LOG"
+    --json > "$OUT/one.tmp" 2>> "$LOG" || st=$?
+  mem_stop "$name $*"
+  echo "$name $*: status $st in $(( $(date +%s) - t ))s" | tee -a "$LOG"
   [ "$st" -eq 0 ] || RC=1
-  cat "$OUT/$name.json" >> "$LOG" 2> /dev/null || true
+  cat "$OUT/one.tmp" >> "$OUT/$name.json" 2> /dev/null || true
+  cat "$OUT/one.tmp" >> "$LOG" 2> /dev/null || true
+  rm -f "$OUT/one.tmp"
   echo >> "$LOG"
 }
 cap() { local a="$1" b="$2"; [ "$a" -lt "$b" ] && echo "$a" || echo "$b"; }
 
-step "lumen bench --backend cuda: Q4_K_M-like GGUF"
-lumen_bench lumen_q4km "$GGUF" "$(cap 150 $(( $(left) - 200 )))" --parallel "$PAR"
-step "lumen bench --backend cuda: bf16 folder"
-lumen_bench lumen_bf16 "$HF" "$(cap 150 $(( $(left) - 170 )))" --parallel "$PAR"
+for spec in "lumen_q4km:$GGUF:Q4_K_M-like GGUF:270" "lumen_bf16:$HF:bf16 folder:230"; do
+  IFS=: read -r name model what reserve <<< "$spec"
+  step "lumen bench --backend cuda: $what"
+  rm -f "$OUT/$name.json"
+  lumen_bench "$name" "$model" "$(cap 90 $(( $(left) - reserve )))" --parallel "$SMALL_PAR"
+  lumen_bench "$name" "$model" "$(cap 120 $(( $(left) - reserve + 30 )))" --parallel "$BIG_PAR" -p 0
+done
 
 # ---- 4b. what the copy of the logits costs ----------------------------------
 step "lumen bench, bf16, --logits last (64 and 256 sequences)"
 if [ "$(left)" -gt 200 ]; then
+  rm -f "$OUT/lumen_bf16_last.json"
   lumen_bench lumen_bf16_last "$HF" "$(cap 60 $(( $(left) - 190 )))" --parallel "$LAST_PAR" --logits last -p 0
 else
   echo "skipped: $(left)s left" | tee -a "$LOG"

@@ -82,7 +82,23 @@ def main():
 
     rows = []
 
-    def lumen_row(name, j):
+    def lumen_row(name, path):
+        j = None
+        if path and os.path.exists(path):  # one JSON line per lumen bench call: merge them
+            for line in open(path):
+                line = line.strip()
+                if not line.startswith("{"):
+                    continue
+                try:
+                    part = json.loads(line)
+                except ValueError:
+                    continue
+                if j is None:
+                    j = part
+                else:
+                    j["parallel"] = j.get("parallel", []) + part.get("parallel", [])
+                    if not j.get("pp_tokens_per_s"):
+                        j["pp_tokens_per_s"] = part.get("pp_tokens_per_s")
         if not j:
             return {"name": name, "missing": True}
         r = {"name": name, "weight_bytes": j.get("weight_bytes", 0), "pp": j.get("pp_tokens_per_s") or None}
@@ -92,10 +108,10 @@ def main():
                 r.setdefault("errors", {})[e["n_seqs"]] = e["error"]
         return r
 
-    rows.append(lumen_row("Lumen CUDA, Q4_K_M-like GGUF", load(a.lumen_q4)))
-    rows.append(lumen_row("Lumen CUDA, bf16 folder", load(a.lumen_bf16)))
+    rows.append(lumen_row("Lumen CUDA, Q4_K_M-like GGUF", a.lumen_q4))
+    rows.append(lumen_row("Lumen CUDA, bf16 folder", a.lumen_bf16))
     if a.lumen_bf16_last:
-        rows.append(lumen_row("Lumen CUDA, bf16, last logits only", load(a.lumen_bf16_last)))
+        rows.append(lumen_row("Lumen CUDA, bf16, last logits only", a.lumen_bf16_last))
     hf = load(a.hf)
     if hf:
         r = {"name": "transformers (static cache%s)" % (", compiled" if any(
