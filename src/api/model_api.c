@@ -75,11 +75,8 @@ static lm_status validate_params(const lm_model_params *p) {
     if (p->n_ctx < 0) return lm_error(LM_ERR_INVALID_ARG, "n_ctx = %d: must be >= 0 (0 = the model's)", p->n_ctx);
     if (p->kv_type != LM_KV_DEFAULT && p->kv_type != LM_KV_F16 && p->kv_type != LM_KV_F32)
         return lm_error(LM_ERR_INVALID_ARG, "kv_type = %d: not an lm_kv_type", (int)p->kv_type);
-    if (p->backend && *p->backend && strcmp(p->backend, "cpu") != 0) {
-        if (strcmp(p->backend, "cuda") == 0)
-            return lm_error(LM_ERR_UNSUPPORTED, "backend \"cuda\": this build has no CUDA backend yet; use \"cpu\"");
-        return lm_error(LM_ERR_INVALID_ARG, "backend \"%s\": unknown (known: \"cpu\")", p->backend);
-    }
+    if (p->backend && *p->backend && strcmp(p->backend, "cpu") != 0 && strcmp(p->backend, "cuda") != 0)
+        return lm_error(LM_ERR_INVALID_ARG, "backend \"%s\": unknown (known: \"cpu\", \"cuda\")", p->backend);
     return LM_OK;
 }
 
@@ -132,7 +129,8 @@ lm_status lm_model_load(const char *spec, lm_model_params params, lm_model **out
     pthread_mutex_init(&model->forward_lock, NULL);
     atomic_init(&model->kv_bytes_live, 0);
     model->params = params;
-    model->backend_name = strdup("cpu");
+    bool cuda = params.backend && strcmp(params.backend, "cuda") == 0;
+    model->backend_name = strdup(cuda ? "cuda" : "cpu");
     model->params.backend = model->backend_name;
     if (model->params.kv_type == LM_KV_DEFAULT) model->params.kv_type = LM_KV_F16;
     if (params.n_threads == 0) {
@@ -140,7 +138,10 @@ lm_status lm_model_load(const char *spec, lm_model_params params, lm_model **out
         model->params.n_threads = n < 1 ? 1 : n > LM_MAX_THREADS ? LM_MAX_THREADS : (int32_t)n;
     }
     if (!model->backend_name) st = lm_error(LM_ERR_NO_MEMORY, "out of memory");
-    if (!st) st = lm_backend_cpu_create(model->params.n_threads, &model->backend);
+    /* CUDA: GPU 0; without a CUDA build or a usable GPU the error says which */
+    if (!st)
+        st = cuda ? lm_backend_cuda_create(0, &model->backend)
+                  : lm_backend_cpu_create(model->params.n_threads, &model->backend);
     if (!st) st = lm_model_internal_load(path, model->backend, &model->m);
     if (!st) st = load_tokenizer(model);
     if (st) {

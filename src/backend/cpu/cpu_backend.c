@@ -21,6 +21,30 @@ void *lm_cpu_scratch(lm_backend *b, lm_cpu_scratch_slot slot, size_t bytes) {
     return cpu->scratch[slot];
 }
 
+typedef struct range_job {
+    int64_t n;
+    void (*fn)(void *ctx, int64_t begin, int64_t end);
+    void *ctx;
+} range_job;
+
+static void range_worker(void *p, int ith, int nth) {
+    const range_job *job = p;
+    int64_t begin, end;
+    lm_split_range(job->n, ith, nth, &begin, &end);
+    if (begin < end) job->fn(job->ctx, begin, end);
+}
+
+void lm_cpu_parallel_for(lm_backend *b, int64_t n, int64_t min_per_thread,
+                         void (*fn)(void *ctx, int64_t begin, int64_t end), void *ctx) {
+    lm_threadpool *pool = lm_cpu_pool(b);
+    if (lm_threadpool_size(pool) == 1 || n < 2 * min_per_thread) {
+        if (n > 0) fn(ctx, 0, n);
+        return;
+    }
+    range_job job = {n, fn, ctx};
+    lm_threadpool_run(pool, range_worker, &job);
+}
+
 static void cpu_destroy(lm_backend *b) {
     lm_cpu_backend *cpu = (lm_cpu_backend *)b;
     for (int i = 0; i < LM_SCRATCH_COUNT; i++) free(cpu->scratch[i]);

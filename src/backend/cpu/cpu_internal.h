@@ -26,6 +26,13 @@ struct lm_weight {
 
 static inline lm_threadpool *lm_cpu_pool(lm_backend *b) { return ((lm_cpu_backend *)b)->pool; }
 
+/* Calls fn(ctx, begin, end) on ranges covering [0, n), split across the pool when each
+ * thread would get at least `min_per_thread` items (else on the caller alone): for the
+ * row-wise ops around the matrix products, which would otherwise run serially. The
+ * items are independent, so results do not depend on the split. */
+void lm_cpu_parallel_for(lm_backend *b, int64_t n, int64_t min_per_thread,
+                         void (*fn)(void *ctx, int64_t begin, int64_t end), void *ctx);
+
 /* A 64-byte aligned buffer of at least `bytes` for `slot`, grown as needed; NULL when
  * memory runs out (the op then falls back or reports it). */
 void *lm_cpu_scratch(lm_backend *b, lm_cpu_scratch_slot slot, size_t bytes);

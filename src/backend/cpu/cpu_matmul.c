@@ -79,6 +79,18 @@ static void q8_worker(void *ctx, int ith, int nth) {
     }
 }
 
+typedef struct quant_job {
+    const float *x;
+    lm_q8a_block *a;
+    int64_t cols;
+    lm_q8a_style style;
+} quant_job;
+
+static void quantize_rows(void *ctx, int64_t t0, int64_t t1) {
+    const quant_job *j = ctx;
+    for (int64_t t = t0; t < t1; t++) lm_q8a_quantize_row(j->x + t * j->cols, j->a + t * (j->cols / 32), j->cols, j->style);
+}
+
 /* Quantizes x once for the style of w[0]; NULL when the weights cannot share it. */
 static lm_q8a_block *quantize_for(lm_backend *b, const lm_weight *const *w, int n_w, const float *x, int64_t n) {
     int64_t cols = w[0]->t.ne[0];
@@ -86,8 +98,10 @@ static lm_q8a_block *quantize_for(lm_backend *b, const lm_weight *const *w, int 
     for (int i = 0; i < n_w; i++)
         if (!w[i]->q8.dot || w[i]->t.ne[0] != cols || lm_q8a_style_for(w[i]->t.type) != style) return NULL;
     lm_q8a_block *a = lm_cpu_scratch(b, LM_SCRATCH_Q8_ACT, (size_t)(n * (cols / 32)) * sizeof *a);
-    if (a)
-        for (int64_t t = 0; t < n; t++) lm_q8a_quantize_row(x + t * cols, a + t * (cols / 32), cols, style);
+    if (a) {
+        quant_job job = {x, a, cols, style};
+        lm_cpu_parallel_for(b, n, 8, quantize_rows, &job);
+    }
     return a;
 }
 
