@@ -17,11 +17,13 @@ typedef struct lm_cpu_backend {
     size_t scratch_size[LM_SCRATCH_COUNT];
 } lm_cpu_backend;
 
-/* On the CPU a weight is the tensor itself (mmap'd, used in place) and the integer
- * kernels chosen for its format on this CPU ({NULL, NULL}: the f32 path). */
+/* On the CPU a weight is the tensor (its bytes copied into huge pages at load, see
+ * cpu_weight_create) and the integer kernels chosen for its format on this CPU
+ * ({NULL, NULL}: the f32 path). */
 struct lm_weight {
-    lm_tensor t;
+    lm_tensor t;       /* t.data: `owned` if the weight was copied, else the mapping */
     lm_q8a_kernels q8;
+    void *owned;       /* the private copy of the bytes, or NULL */
 };
 
 static inline lm_threadpool *lm_cpu_pool(lm_backend *b) { return ((lm_cpu_backend *)b)->pool; }
