@@ -19,51 +19,16 @@ typedef struct bigram {
     uint32_t size; /* bytes of the merged text when queued */
 } bigram;
 
-typedef struct heap {
-    bigram *v;
-    size_t n, cap;
-} heap;
-
 /* max-heap on score, ties: leftmost first */
 static bool before(const bigram *a, const bigram *b) {
     return a->score > b->score || (a->score == b->score && a->left < b->left);
 }
 
-static bool heap_push(heap *h, bigram x) {
-    if (h->n == h->cap) {
-        size_t cap = h->cap ? h->cap * 2 : 64;
-        bigram *v = realloc(h->v, cap * sizeof *v);
-        if (!v) return false;
-        h->v = v;
-        h->cap = cap;
-    }
-    size_t i = h->n++;
-    while (i > 0) {
-        size_t p = (i - 1) / 2;
-        if (!before(&x, &h->v[p])) break;
-        h->v[i] = h->v[p];
-        i = p;
-    }
-    h->v[i] = x;
-    return true;
-}
-
-static bigram heap_pop(heap *h) {
-    bigram top = h->v[0];
-    bigram x = h->v[--h->n];
-    size_t i = 0;
-    for (;;) {
-        size_t l = 2 * i + 1, r = l + 1, m = i;
-        const bigram *best = &x;
-        if (l < h->n && before(&h->v[l], best)) m = l, best = &h->v[l];
-        if (r < h->n && before(&h->v[r], best)) m = r;
-        if (m == i) break;
-        h->v[i] = h->v[m];
-        i = m;
-    }
-    if (h->n) h->v[i] = x;
-    return top;
-}
+#define T bigram
+#define BEFORE before
+#include "tokenizer/merge_heap.h"
+#undef T
+#undef BEFORE
 
 typedef struct spm_ctx {
     const lm_vocab *v;
