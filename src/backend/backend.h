@@ -35,6 +35,10 @@ typedef struct lm_backend_ops {
     void (*download)(lm_backend *b, void *host_dst, const void *src, size_t bytes);
     /* Copy within backend memory; the ranges may overlap. */
     void (*copy)(lm_backend *b, void *dst, const void *src, size_t bytes);
+    /* The most device memory in use at once since the backend was created, in bytes
+     * (the whole device's, as the driver reports it). Optional: NULL where the backend
+     * has no memory of its own (the CPU: its memory is the process's). */
+    uint64_t (*peak_memory)(lm_backend *b);
 
     /* Weights: a matrix of ne[1] rows by ne[0] columns in any supported format. The
      * tensor's bytes stay owned by the caller and must outlive the weight. */

@@ -46,6 +46,21 @@ void lm_cuda_enter(lm_cuda_backend *cu) {
 
 /* ---- memory ------------------------------------------------------------------- */
 
+/* The peak is sampled after each allocation: memory in use only grows there.
+ * Pool allocations may reuse memory the pool already holds, which the driver
+ * already counts as used. */
+static void note_memory_in_use(lm_cuda_backend *cu) {
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+        cudaGetLastError();
+        return;
+    }
+    uint64_t used = (uint64_t)(total_b - free_b);
+    if (used > cu->peak_used) cu->peak_used = used;
+}
+
+static uint64_t cuda_peak_memory(lm_backend *b) { return lm_cuda(b)->peak_used; }
+
 static void *dev_alloc(lm_cuda_backend *cu, size_t bytes) {
     void *p = NULL;
     if (bytes == 0) bytes = 256;
@@ -54,6 +69,7 @@ static void *dev_alloc(lm_cuda_backend *cu, size_t bytes) {
         cudaGetLastError(); /* an allocation failure is not sticky: clear it */
         return NULL;
     }
+    note_memory_in_use(cu);
     return p;
 }
 
@@ -234,16 +250,20 @@ bool lm_cuda_native_type(lm_dtype type) {
  * driver once and retries (freed activations may still sit in it). */
 static void *weight_alloc(lm_cuda_backend *cu, size_t bytes) {
     void *p = NULL;
-    if (cudaMalloc(&p, bytes) == cudaSuccess) return p;
-    cudaGetLastError();
-    if (cu->pools) {
+    if (cudaMalloc(&p, bytes) != cudaSuccess) {
+        p = NULL;
+        cudaGetLastError();
+        if (!cu->pools) return NULL;
         cudaMemPool_t pool;
         cudaStreamSynchronize(cu->stream);
         if (cudaDeviceGetDefaultMemPool(&pool, cu->device) == cudaSuccess) cudaMemPoolTrimTo(pool, 0);
-        if (cudaMalloc(&p, bytes) == cudaSuccess) return p;
-        cudaGetLastError();
+        if (cudaMalloc(&p, bytes) != cudaSuccess) {
+            cudaGetLastError();
+            return NULL;
+        }
     }
-    return NULL;
+    note_memory_in_use(cu);
+    return p;
 }
 
 static lm_status no_memory(lm_cuda_backend *cu, const char *name, size_t bytes) {
@@ -420,6 +440,7 @@ static void init_ops(void) {
     lm_backend_ops *o = &k_cuda_ops;
     o->name = "cuda";
     o->destroy = cuda_destroy;
+    o->peak_memory = cuda_peak_memory;
     o->alloc = cuda_alloc;
     o->free = cuda_free;
     o->upload = cuda_upload;

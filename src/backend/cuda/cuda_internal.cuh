@@ -50,6 +50,7 @@ typedef struct lm_cuda_backend {
     int device, n_sm;
     char name[256];
     size_t total_mem;
+    uint64_t peak_used; /* most device memory in use seen after an allocation */
     cudaStream_t stream;
     cublasHandle_t cublas;
     bool pools;        /* stream-ordered allocation (cudaMallocAsync) available */
