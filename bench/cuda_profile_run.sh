@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: where the time of a decode step goes.
+#
+#   run(command="bash bench/cuda_profile_run.sh", carry=[".deps"])
+#
+# Builds with -DLUMEN_CUDA=ON, writes the Qwen2.5-1.5B-shaped models (as
+# bench/cuda_bench_run.sh does), times `lumen bench --parallel N` decode, then runs the
+# same under Nsight Compute (ncu, one metric: each kernel's duration, caches and clocks
+# left alone) and prints, for the last forward pass of the run, the kernels grouped by
+# name: launches, total and mean microseconds. The sum of kernel time against the
+# step's wall time says how much of a step is GPU work and how much is launch and
+# synchronization overhead.
+# Environment: LUMEN_PROFILE_PAR (sequences, default "1 64"), LUMEN_CUDA_BUILD.
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+OUT="${OUT:-$ROOT/cuda-run-out}"
+BUILD="${LUMEN_CUDA_BUILD:-$ROOT/build-cuda-device}"
+PAR="${LUMEN_PROFILE_PAR:-1 64}"
+mkdir -p "$OUT" "$BUILD"
+. "$ROOT/bench/cuda_env.sh"
+lumen_cuda_env || exit 2
+t0=$(date +%s)
+cmake -S "$ROOT" -B "$BUILD" -DLUMEN_CUDA=ON -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_BUILD_TYPE=Release > "$OUT/build.log" 2>&1 &&
+  cmake --build "$BUILD" -j"$(nproc)" --target lumen_cli bench_make_model >> "$OUT/build.log" 2>&1 ||
+  { grep -E -A4 "error" "$OUT/build.log" | head -40; exit 2; }
+echo "built in $(( $(date +%s) - t0 ))s"
+M=/dev/shm/lumen-bench
+GGUF="$M/qwen2.5-1.5b-shaped-q4_k_m.gguf" HF="$M/qwen2.5-1.5b-shaped-bf16"
+mkdir -p "$M"
+[ -f "$M/.done" ] || { "$BUILD/bench_make_model" --gguf "$GGUF" --hf "$HF" --threads "$(nproc)" > "$OUT/models.log" 2>&1 && touch "$M/.done"; }
+NCU="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2> /dev/null | head -1)"
+echo "ncu: ${NCU:-none}"
+for model in "$HF" "$GGUF"; do
+  for n in $PAR; do
+    name="$(basename "$model" | cut -c1-40)-x$n"
+    echo "=== $name"
+    timeout 120 "$BUILD/lumen" bench "$model" --backend cuda -p 0 -n 32 -r 3 --parallel "$n" --parallel-prompt 128 2>&1 |
+      grep -E "decode|parallel|tok/s" | head -5
+    [ -n "$NCU" ] || continue
+    timeout 240 "$NCU" --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
+      "$BUILD/lumen" bench "$model" --backend cuda -p 0 -n 2 -r 1 --parallel "$n" --parallel-prompt 16 \
+      > "$OUT/ncu-$name.csv" 2> "$OUT/ncu-$name.err" || echo "ncu status $?"
+    python3 "$ROOT/bench/cuda_profile_table.py" "$OUT/ncu-$name.csv"
+  done
+done
