@@ -20,6 +20,7 @@
 #include "formats/gguf.h"
 #include "formats/model_store.h"
 #include "formats/safetensors.h"
+#include "model/hf_layout.h"
 #include "model/hparams.h"
 #include "tensor/quant.h"
 
@@ -31,36 +32,8 @@ lm_fuse_params lm_fuse_default_params(void) {
     return p;
 }
 
-/* ---- GGUF -> Hugging Face tensor names ------------------------------------------- */
-
-typedef enum xform { XF_NONE, XF_UNPERMUTE_Q, XF_UNPERMUTE_K, XF_NORM_MINUS_ONE } xform;
-
-typedef struct name_map {
-    const char *gguf, *hf; /* per-layer entries: the part after "blk.N." / "model.layers.N." */
-    bool norm;
-    int module; /* lm_lora_module, or -1 */
-} name_map;
-
-static const name_map k_layer_names[] = {
-    {"attn_norm.weight", "input_layernorm.weight", true, -1},
-    {"attn_q.weight", "self_attn.q_proj.weight", false, LM_LORA_Q},
-    {"attn_k.weight", "self_attn.k_proj.weight", false, LM_LORA_K},
-    {"attn_v.weight", "self_attn.v_proj.weight", false, LM_LORA_V},
-    {"attn_output.weight", "self_attn.o_proj.weight", false, LM_LORA_O},
-    {"attn_q.bias", "self_attn.q_proj.bias", false, -1},
-    {"attn_k.bias", "self_attn.k_proj.bias", false, -1},
-    {"attn_v.bias", "self_attn.v_proj.bias", false, -1},
-    {"attn_q_norm.weight", "self_attn.q_norm.weight", true, -1},
-    {"attn_k_norm.weight", "self_attn.k_norm.weight", true, -1},
-    {"post_attention_norm.weight", "post_attention_layernorm.weight", true, -1},
-    {"ffn_norm.weight", NULL, true, -1}, /* depends on the architecture */
-    {"ffn_gate.weight", "mlp.gate_proj.weight", false, LM_LORA_GATE},
-    {"ffn_up.weight", "mlp.up_proj.weight", false, LM_LORA_UP},
-    {"ffn_down.weight", "mlp.down_proj.weight", false, LM_LORA_DOWN},
-    {"post_ffw_norm.weight", "post_feedforward_layernorm.weight", true, -1},
-};
-
-/* HF projection names inside a layer, for folder bases. */
+/* HF projection names inside a layer (GGUF names map to these through
+ * model/hf_layout.h, which also knows the Q/K row order and Gemma's norm offset). */
 static const char *const k_hf_module_names[LM_LORA_N_MODULES] = {
     "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
     "mlp.gate_proj.weight",    "mlp.up_proj.weight",      "mlp.down_proj.weight"};
@@ -71,7 +44,7 @@ typedef struct plan_item {
     char name[NAME_CAP];
     const lm_tensor *src;
     lm_dtype out_type;
-    xform xf;
+    lm_hf_xform xf;
     const lm_lora_pair *lora;
     int layer;
     int n_dims;
@@ -97,7 +70,7 @@ typedef struct fuser {
     uint64_t total_bytes;
 } fuser;
 
-static lm_status plan_add(fuser *F, const char *name, const lm_tensor *t, xform xf, int layer, int module,
+static lm_status plan_add(fuser *F, const char *name, const lm_tensor *t, lm_hf_xform xf, int layer, int module,
                           lm_dtype out_type) {
     plan_item *it = &F->items[F->n_items++];
     memset(it, 0, sizeof *it);
@@ -135,53 +108,6 @@ static lm_dtype gguf_out_type(const fuser *F) {
     return LM_DTYPE_BF16;
 }
 
-static lm_status plan_gguf(fuser *F) {
-    int64_t n = lm_gguf_n_tensors(F->gguf);
-    F->items = calloc((size_t)(n ? n : 1), sizeof *F->items);
-    if (!F->items) return lm_error(LM_ERR_NO_MEMORY, "out of memory");
-    lm_dtype out_type = gguf_out_type(F);
-    bool gemma = F->hp.arch == LM_ARCH_GEMMA3;
-    bool permuted = F->hp.rope_mode == LM_ROPE_NORM; /* llama: the converter permuted Q/K rows */
-    for (int64_t i = 0; i < n; i++) {
-        const lm_tensor *t = lm_gguf_tensor(F->gguf, i);
-        char hf[NAME_CAP];
-        xform xf = XF_NONE;
-        int layer = -1, module = -1;
-        bool norm = false;
-        if (strcmp(t->name, "token_embd.weight") == 0) snprintf(hf, sizeof hf, "model.embed_tokens.weight");
-        else if (strcmp(t->name, "output.weight") == 0) snprintf(hf, sizeof hf, "lm_head.weight");
-        else if (strcmp(t->name, "output_norm.weight") == 0) snprintf(hf, sizeof hf, "model.norm.weight"), norm = true;
-        else {
-            int consumed = 0;
-            const name_map *m = NULL;
-            if (sscanf(t->name, "blk.%d.%n", &layer, &consumed) == 1 && consumed > 0 && layer >= 0 &&
-                layer < F->hp.n_layer) {
-                for (size_t k = 0; k < sizeof k_layer_names / sizeof k_layer_names[0]; k++)
-                    if (strcmp(t->name + consumed, k_layer_names[k].gguf) == 0) m = &k_layer_names[k];
-            }
-            if (!m)
-                return lm_error(LM_ERR_UNSUPPORTED, "GGUF tensor %s has no Hugging Face counterpart that Lumen knows",
-                                t->name);
-            const char *hfpart = m->hf;
-            if (!hfpart) hfpart = gemma ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight";
-            snprintf(hf, sizeof hf, "model.layers.%d.%s", layer, hfpart);
-            norm = m->norm;
-            module = m->module;
-            if (permuted && module == LM_LORA_Q) xf = XF_UNPERMUTE_Q;
-            if (permuted && module == LM_LORA_K) xf = XF_UNPERMUTE_K;
-        }
-        if (norm && gemma) xf = XF_NORM_MINUS_ONE; /* HF Gemma stores norm weights as w - 1 */
-        const lm_dtype_info *info = lm_dtype_get_info(t->type);
-        if (!info || !(info->quantized || t->type == LM_DTYPE_F32 || t->type == LM_DTYPE_F16 ||
-                       t->type == LM_DTYPE_BF16) || lm_dtype_row_bytes(t->type, t->ne[0]) == 0)
-            return lm_error(LM_ERR_UNSUPPORTED, "GGUF tensor %s has type %s, which Lumen cannot dequantize", t->name,
-                            lm_dtype_name(t->type));
-        lm_status st = plan_add(F, hf, t, xf, layer, module, out_type);
-        if (st) return st;
-    }
-    return LM_OK;
-}
-
 /* "…layers.N.<proj>.weight" -> layer and module of a folder tensor, or -1. */
 static void hf_module_of(const char *name, int *layer, int *module) {
     *layer = -1;
@@ -195,6 +121,30 @@ static void hf_module_of(const char *name, int *layer, int *module) {
             *layer = l;
             *module = m;
         }
+}
+
+static lm_status plan_gguf(fuser *F) {
+    int64_t n = lm_gguf_n_tensors(F->gguf);
+    F->items = calloc((size_t)(n ? n : 1), sizeof *F->items);
+    if (!F->items) return lm_error(LM_ERR_NO_MEMORY, "out of memory");
+    lm_dtype out_type = gguf_out_type(F);
+    for (int64_t i = 0; i < n; i++) {
+        const lm_tensor *t = lm_gguf_tensor(F->gguf, i);
+        char hf[NAME_CAP];
+        lm_hf_xform xf;
+        int layer, module;
+        lm_status st = lm_hf_tensor_name(&F->hp, t->name, hf, sizeof hf, &xf, &layer);
+        if (st) return st;
+        hf_module_of(hf, &layer, &module);
+        const lm_dtype_info *info = lm_dtype_get_info(t->type);
+        if (!info || !(info->quantized || t->type == LM_DTYPE_F32 || t->type == LM_DTYPE_F16 ||
+                       t->type == LM_DTYPE_BF16) || lm_dtype_row_bytes(t->type, t->ne[0]) == 0)
+            return lm_error(LM_ERR_UNSUPPORTED, "GGUF tensor %s has type %s, which Lumen cannot dequantize", t->name,
+                            lm_dtype_name(t->type));
+        st = plan_add(F, hf, t, xf, layer, module, out_type);
+        if (st) return st;
+    }
+    return LM_OK;
 }
 
 static lm_status plan_folder(fuser *F) {
@@ -212,7 +162,7 @@ static lm_status plan_folder(fuser *F) {
         int layer, module;
         hf_module_of(t->name, &layer, &module);
         lm_dtype out_type = F->p->out_dtype >= 0 ? (lm_dtype)F->p->out_dtype : t->type;
-        lm_status st = plan_add(F, t->name, t, XF_NONE, layer, module, out_type);
+        lm_status st = plan_add(F, t->name, t, LM_HF_AS_IS, layer, module, out_type);
         if (st) return st;
     }
     return LM_OK;
@@ -242,31 +192,11 @@ static lm_status plan_finish(fuser *F) {
 
 /* ---- producing one output tensor --------------------------------------------------- */
 
-/* HF row a*D/2 + i of a head came from GGUF row 2i + a: the converter interleaved the
- * two rotary halves so that "normal" RoPE pairs neighbours. */
-static lm_status unpermute(float *w, int64_t rows, int64_t cols, int64_t n_head) {
-    if (n_head <= 0 || rows % n_head != 0 || (rows / n_head) % 2 != 0)
-        return lm_error(LM_ERR_FORMAT, "cannot undo the Q/K row permutation: %lld rows in %lld heads", (long long)rows,
-                        (long long)n_head);
-    int64_t D = rows / n_head, half = D / 2;
-    float *tmp = malloc((size_t)(D * cols) * sizeof(float));
-    if (!tmp) return lm_error(LM_ERR_NO_MEMORY, "out of memory");
-    for (int64_t h = 0; h < n_head; h++) {
-        float *head = w + h * D * cols;
-        memcpy(tmp, head, (size_t)(D * cols) * sizeof(float));
-        for (int64_t a = 0; a < 2; a++)
-            for (int64_t i = 0; i < half; i++)
-                memcpy(head + (a * half + i) * cols, tmp + (2 * i + a) * cols, (size_t)cols * sizeof(float));
-    }
-    free(tmp);
-    return LM_OK;
-}
-
 /* *out: the tensor's bytes in its output type; *owned tells whether to free them. */
 static lm_status produce(fuser *F, const plan_item *it, const void **out, bool *owned) {
     const lm_tensor *t = it->src;
     F->res->base_tensors_read++;
-    if (it->xf == XF_NONE && !it->lora && t->type == it->out_type) {
+    if (it->xf == LM_HF_AS_IS && !it->lora && t->type == it->out_type) {
         *out = t->data; /* copied into the output file as is */
         *owned = false;
         return LM_OK;
@@ -277,11 +207,7 @@ static lm_status produce(fuser *F, const plan_item *it, const void **out, bool *
     size_t row_bytes = lm_dtype_row_bytes(t->type, it->cols);
     for (int64_t r = 0; r < it->rows; r++)
         lm_dequantize_row(t->type, (const uint8_t *)t->data + (size_t)r * row_bytes, w + r * it->cols, it->cols);
-    lm_status st = LM_OK;
-    if (it->xf == XF_UNPERMUTE_Q) st = unpermute(w, it->rows, it->cols, F->hp.n_head);
-    if (it->xf == XF_UNPERMUTE_K) st = unpermute(w, it->rows, it->cols, F->hp.n_head_kv);
-    if (it->xf == XF_NORM_MINUS_ONE)
-        for (int64_t i = 0; i < n; i++) w[i] -= 1.0f;
+    lm_status st = lm_hf_apply_xform(&F->hp, it->xf, w, it->rows, it->cols);
     if (!st && it->lora) {
         const lm_lora_pair *lp = it->lora;
         float *scratch = malloc((size_t)(lp->rank * (lp->in + lp->out)) * sizeof(float));
@@ -382,67 +308,21 @@ static lm_status write_weights(fuser *F, const char *dir) {
     return st;
 }
 
-/* The shortest decimal that reads back as the same float, so config.json says 1e-05,
- * not 9.99999974737875e-06. */
-static double short_float(float v) {
-    char buf[32];
-    for (int prec = 6; prec <= 9; prec++) {
-        snprintf(buf, sizeof buf, "%.*g", prec, (double)v);
-        if (strtof(buf, NULL) == v) break;
-    }
-    return strtod(buf, NULL);
-}
-
 static lm_status write_gguf_config(const fuser *F, const char *dir) {
-    const lm_hparams *hp = &F->hp;
-    if (hp->n_rot != hp->head_dim)
-        return lm_error(LM_ERR_UNSUPPORTED, "partial rotary embeddings (%lld of %lld dims) cannot be expressed in "
-                                            "config.json yet", (long long)hp->n_rot, (long long)hp->head_dim);
-    const char *model_type = "llama", *arch = "LlamaForCausalLM", *act = "silu";
-    if (hp->arch == LM_ARCH_QWEN2) model_type = "qwen2", arch = "Qwen2ForCausalLM";
-    if (hp->arch == LM_ARCH_GEMMA3) model_type = "gemma3_text", arch = "Gemma3ForCausalLM", act = "gelu_pytorch_tanh";
-    lm_dtype dt = F->n_items ? F->items[0].out_type : LM_DTYPE_BF16;
-    const char *torch_dtype = dt == LM_DTYPE_F32 ? "float32" : dt == LM_DTYPE_F16 ? "float16" : "bfloat16";
-    cJSON *c = cJSON_CreateObject();
-    cJSON *archs = cJSON_AddArrayToObject(c, "architectures");
-    cJSON_AddItemToArray(archs, cJSON_CreateString(arch));
-    cJSON_AddStringToObject(c, "model_type", model_type);
-    cJSON_AddNumberToObject(c, "vocab_size", (double)hp->n_vocab);
-    cJSON_AddNumberToObject(c, "hidden_size", (double)hp->n_embd);
-    cJSON_AddNumberToObject(c, "intermediate_size", (double)hp->n_ff);
-    cJSON_AddNumberToObject(c, "num_hidden_layers", (double)hp->n_layer);
-    cJSON_AddNumberToObject(c, "num_attention_heads", (double)hp->n_head);
-    cJSON_AddNumberToObject(c, "num_key_value_heads", (double)hp->n_head_kv);
-    cJSON_AddNumberToObject(c, "head_dim", (double)hp->head_dim);
-    cJSON_AddNumberToObject(c, "max_position_embeddings", (double)hp->n_ctx_train);
-    cJSON_AddNumberToObject(c, "rms_norm_eps", short_float(hp->rms_eps));
-    cJSON_AddNumberToObject(c, "rope_theta", short_float(hp->rope_theta));
-    cJSON_AddStringToObject(c, "hidden_act", act);
-    cJSON_AddBoolToObject(c, "tie_word_embeddings", lm_gguf_find_tensor(F->gguf, "output.weight") == NULL);
-    cJSON_AddStringToObject(c, "torch_dtype", torch_dtype);
-    if (hp->rope_freq_scale != 1.0f) {
-        cJSON *rs = cJSON_AddObjectToObject(c, "rope_scaling");
-        cJSON_AddStringToObject(rs, "rope_type", "linear");
-        cJSON_AddNumberToObject(rs, "factor", short_float(1.0f / hp->rope_freq_scale));
-    }
-    if (hp->arch == LM_ARCH_GEMMA3) {
-        cJSON_AddNumberToObject(c, "sliding_window", (double)hp->sliding_window);
-        cJSON_AddNumberToObject(c, "sliding_window_pattern", (double)hp->swa_pattern);
-        cJSON_AddNumberToObject(c, "rope_local_base_freq", short_float(hp->rope_theta_local));
-        cJSON_AddNumberToObject(c, "query_pre_attn_scalar",
-                                short_float(1.0f / (hp->attn_scale * hp->attn_scale)));
-    }
+    lm_hf_config_info info = {.tied = lm_gguf_find_tensor(F->gguf, "output.weight") == NULL,
+                              .dtype = F->n_items ? F->items[0].out_type : LM_DTYPE_BF16,
+                              .bos_id = -1, .eos_id = -1, .pad_id = -1};
     uint32_t tok;
-    if (lm_gguf_get_u32(F->gguf, "tokenizer.ggml.bos_token_id", &tok) == LM_OK)
-        cJSON_AddNumberToObject(c, "bos_token_id", tok);
-    if (lm_gguf_get_u32(F->gguf, "tokenizer.ggml.eos_token_id", &tok) == LM_OK)
-        cJSON_AddNumberToObject(c, "eos_token_id", tok);
-    char *text = cJSON_Print(c);
-    cJSON_Delete(c);
-    if (!text) return lm_error(LM_ERR_NO_MEMORY, "out of memory");
+    if (lm_gguf_get_u32(F->gguf, "tokenizer.ggml.bos_token_id", &tok) == LM_OK && tok <= INT32_MAX)
+        info.bos_id = (int32_t)tok;
+    if (lm_gguf_get_u32(F->gguf, "tokenizer.ggml.eos_token_id", &tok) == LM_OK && tok <= INT32_MAX)
+        info.eos_id = (int32_t)tok;
+    char *text = NULL;
+    lm_status st = lm_hf_config_json(&F->hp, &info, &text);
+    if (st) return st;
     char path[2 * PATH_CAP];
     snprintf(path, sizeof path, "%s/config.json", dir);
-    lm_status st = write_text(path, text);
+    st = write_text(path, text);
     free(text);
     return st;
 }
@@ -490,7 +370,7 @@ static lm_status write_provenance(const fuser *F, const char *dir) {
     cJSON_AddStringToObject(c, "base", F->base_path);
     cJSON_AddStringToObject(c, "adapter_digest", F->res->digest);
     cJSON_AddStringToObject(c, "adapter_layout", F->lora->layout == LM_LORA_LAYOUT_MLX ? "mlx" : "peft");
-    cJSON_AddNumberToObject(c, "scale", short_float(F->lora->scale));
+    cJSON_AddNumberToObject(c, "scale", lm_hf_short_float(F->lora->scale));
     cJSON_AddNumberToObject(c, "adapted_weights", (double)F->lora->n_pairs);
     cJSON_AddStringToObject(c, "tool", "lumen " "fuse");
     char *text = cJSON_Print(c);
