@@ -91,6 +91,19 @@ typedef struct lm_backend_ops {
     lm_status (*attention)(lm_backend *b, const struct lm_kv_cache *kv, int64_t layer, const lm_attn_batch *batch,
                       const float *q, int64_t n_head, int64_t n_head_kv, int64_t head_dim, int64_t window,
                       float scale, float *out);
+
+    /* Optional (NULL: ops always run as they are called). Brackets the ops of one
+     * forward pass so the backend can record them once and replay the recording
+     * (the CUDA backend: a CUDA graph, one launch instead of hundreds). `key` names
+     * the pass's shape: passes with the same nonzero key issue the same ops, with
+     * the same sizes, on the same buffers, and differ only in the contents of their
+     * host metadata (token ids, positions, the batch's KV block tables); 0 = do not
+     * record this pass. Between the two calls ops may only read their host inputs
+     * and return; pass_end runs the pass and reports the first error of any op in
+     * it. No upload or download inside a pass. If pass_end fails, the pass's
+     * outputs are undefined: run it again with key 0. */
+    lm_status (*pass_begin)(lm_backend *b, uint64_t key, const struct lm_kv_cache *kv, const lm_attn_batch *batch);
+    lm_status (*pass_end)(lm_backend *b);
 } lm_backend_ops;
 
 struct lm_backend {

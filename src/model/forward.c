@@ -1,5 +1,6 @@
 #include "model/forward.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,7 +16,7 @@ lm_status lm_kv_cache_for_model(const lm_model_internal *m, int64_t n_ctx, int64
                               blocks_per_seq * n_seqs, n_seqs, type, out);
 }
 
-/* Activation buffers for one call, in backend memory. */
+/* Activation buffers, in backend memory. */
 typedef struct scratch {
     float *x;        /* [n][n_embd]   residual stream        */
     float *xn;       /* [n][n_embd]   normalized input       */
@@ -27,10 +28,21 @@ typedef struct scratch {
     float *logits;   /* [n_out][n_vocab]                     */
 } scratch;
 
+/* The buffers of the last pass stay for the next, so a decode step allocates
+ * nothing and its buffers keep their addresses (what a recorded pass points at).
+ * One pass at a time uses them; a concurrent pass on the same model (two contexts
+ * on two threads) gets buffers of its own. */
+struct lm_forward_state {
+    atomic_flag busy;
+    scratch s;
+    int64_t n_cap, out_cap; /* tokens and logit rows s holds */
+};
+
 static void scratch_free(lm_backend *b, scratch *s) {
     float *all[] = {s->x, s->xn, s->q, s->k, s->v, s->attn, s->tmp, s->gate, s->up, s->logits};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         if (all[i]) b->ops->free(b, all[i]);
+    memset(s, 0, sizeof *s);
 }
 
 static lm_status scratch_alloc(lm_backend *b, const lm_hparams *hp, int64_t n, int64_t n_out, scratch *s) {
@@ -52,6 +64,49 @@ static lm_status scratch_alloc(lm_backend *b, const lm_hparams *hp, int64_t n, i
         return lm_error(LM_ERR_NO_MEMORY, "out of memory for activations of a %lld-token batch", (long long)n);
     }
     return LM_OK;
+}
+
+lm_status lm_forward_state_create(lm_forward_state **out) {
+    *out = calloc(1, sizeof **out);
+    if (!*out) return lm_error(LM_ERR_NO_MEMORY, "out of memory");
+    atomic_flag_clear(&(*out)->busy);
+    return LM_OK;
+}
+
+void lm_forward_state_free(lm_backend *b, lm_forward_state *st) {
+    if (!st) return;
+    scratch_free(b, &st->s);
+    free(st);
+}
+
+/* Buffers for n tokens and n_out logit rows: the model's kept ones (*kept = true;
+ * release with scratch_release) or, when another pass holds those, new ones. */
+static lm_status scratch_acquire(const lm_model_internal *m, int64_t n, int64_t n_out, scratch *s, bool *kept) {
+    lm_forward_state *fs = m->fwd;
+    *kept = false;
+    if (!fs || atomic_flag_test_and_set(&fs->busy)) return scratch_alloc(m->backend, &m->hp, n, n_out, s);
+    if (n > fs->n_cap || n_out > fs->out_cap) {
+        int64_t want_n = n > fs->n_cap ? n : fs->n_cap, want_out = n_out > fs->out_cap ? n_out : fs->out_cap;
+        scratch_free(m->backend, &fs->s);
+        fs->n_cap = fs->out_cap = 0;
+        lm_status st = scratch_alloc(m->backend, &m->hp, want_n, want_out, &fs->s);
+        if (st) {
+            atomic_flag_clear(&fs->busy);
+            return st;
+        }
+        fs->n_cap = want_n;
+        fs->out_cap = want_out;
+    }
+    *s = fs->s;
+    *kept = true;
+    return LM_OK;
+}
+
+static void scratch_release(const lm_model_internal *m, scratch *s, bool kept) {
+    if (kept)
+        atomic_flag_clear(&m->fwd->busy);
+    else
+        scratch_free(m->backend, s);
 }
 
 static lm_status check_batch(const lm_model_internal *m, lm_kv_cache *kv, const lm_batch *batch) {
@@ -85,22 +140,42 @@ static lm_status matmul_many(lm_backend *b, const lm_weight *const *w, int n_w, 
     return LM_OK;
 }
 
-lm_status lm_forward(const lm_model_internal *m, lm_kv_cache *kv, const lm_batch *batch, float *logits) {
-    lm_status st = check_batch(m, kv, batch);
-    if (st) return st;
+/* The shape of a pass for a backend that records passes: the same key means the
+ * same ops on the same buffers (DESIGN: the forward pass is a pure function of the
+ * batch's shape and its host metadata). 0: not worth recording (long prompts rarely
+ * repeat their length). */
+enum { RECORD_MAX_TOKENS = 512 };
+
+static uint64_t pass_key(const lm_kv_cache *kv, const lm_batch *batch, const scratch *s, bool kept) {
+    if (!kept || batch->n_tokens > RECORD_MAX_TOKENS) return 0;
+    uint64_t h = 1469598103934665603ULL;
+#define MIX(v)                        \
+    do {                              \
+        h ^= (uint64_t)(v);           \
+        h *= 1099511628211ULL;        \
+    } while (0)
+    MIX(batch->n_tokens);
+    MIX((uintptr_t)kv);
+    const float *bufs[] = {s->x, s->xn, s->q, s->k, s->v, s->attn, s->tmp, s->gate, s->up, s->logits};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) MIX((uintptr_t)bufs[i]);
+    for (int64_t t = 0; t < batch->n_tokens; t++) MIX(batch->logits ? batch->logits[t] != 0 : t == batch->n_tokens - 1);
+#undef MIX
+    return h ? h : 1;
+}
+
+/* Everything from the embeddings to the logits in backend memory (s->logits). */
+static lm_status forward_body(const lm_model_internal *m, lm_kv_cache *kv, const lm_batch *batch, const scratch *sp,
+                              int64_t n_out) {
     const lm_hparams *hp = &m->hp;
     lm_backend *b = m->backend;
     const lm_backend_ops *op = b->ops;
+    const scratch s = *sp;
     int64_t n = batch->n_tokens, d = hp->n_embd, hd = hp->head_dim;
     int64_t q_dim = hp->n_head * hd, kv_dim = hp->n_head_kv * hd;
-    int64_t n_out = 0;
-    for (int64_t t = 0; t < n; t++) n_out += batch->logits ? (batch->logits[t] != 0) : (t == n - 1);
-
-    scratch s;
-    if ((st = scratch_alloc(b, hp, n, n_out > 0 ? n_out : 1, &s))) return st;
+    lm_status st;
 #define TRY(call)             \
     do {                      \
-        if ((st = (call))) goto done; \
+        if ((st = (call))) return st; \
     } while (0)
     lm_attn_batch ab = {n, batch->pos, batch->seq};
 
@@ -133,7 +208,7 @@ lm_status lm_forward(const lm_model_internal *m, lm_kv_cache *kv, const lm_batch
         op->rope(b, s.k, n, hp->n_head_kv, hd, hp->n_rot, batch->pos, theta, fscale, hp->rope_mode);
         op->kv_store(b, kv, il, &ab, s.k, s.v);
         TRY(op->attention(b, kv, il, &ab, s.q, hp->n_head, hp->n_head_kv, hd, swa ? hp->sliding_window : 0,
-                      hp->attn_scale, s.attn));
+                          hp->attn_scale, s.attn));
         TRY(op->matmul(b, w->wo, s.attn, n, s.tmp));
         if (w->post_attn_norm) op->rms_norm(b, s.tmp, w->post_attn_norm, n, d, hp->rms_eps, s.tmp);
         op->add(b, s.x, s.tmp, n * d);
@@ -166,10 +241,41 @@ lm_status lm_forward(const lm_model_internal *m, lm_kv_cache *kv, const lm_batch
         }
         op->rms_norm(b, s.x, m->output_norm, n_out, d, hp->rms_eps, s.xn);
         TRY(op->matmul(b, m->output, s.xn, n_out, s.logits));
-        op->download(b, logits, s.logits, (size_t)(n_out * hp->n_vocab) * sizeof(float));
     }
 #undef TRY
-done:
-    scratch_free(b, &s);
+    return LM_OK;
+}
+
+/* One pass, bracketed by pass_begin/pass_end where the backend records passes. */
+static lm_status forward_pass(const lm_model_internal *m, lm_kv_cache *kv, const lm_batch *batch, const scratch *s,
+                              int64_t n_out, uint64_t key) {
+    const lm_backend_ops *op = m->backend->ops;
+    if (!op->pass_begin) return forward_body(m, kv, batch, s, n_out);
+    lm_attn_batch ab = {batch->n_tokens, batch->pos, batch->seq};
+    lm_status st = op->pass_begin(m->backend, key, kv, &ab);
+    if (st) return st;
+    st = forward_body(m, kv, batch, s, n_out);
+    lm_status end = op->pass_end(m->backend);
+    return st ? st : end;
+}
+
+lm_status lm_forward(const lm_model_internal *m, lm_kv_cache *kv, const lm_batch *batch, float *logits) {
+    lm_status st = check_batch(m, kv, batch);
+    if (st) return st;
+    lm_backend *b = m->backend;
+    int64_t n = batch->n_tokens, n_out = 0;
+    for (int64_t t = 0; t < n; t++) n_out += batch->logits ? (batch->logits[t] != 0) : (t == n - 1);
+
+    scratch s;
+    bool kept;
+    if ((st = scratch_acquire(m, n, n_out > 0 ? n_out : 1, &s, &kept))) return st;
+    uint64_t key = b->ops->pass_begin ? pass_key(kv, batch, &s, kept) : 0;
+    st = forward_pass(m, kv, batch, &s, n_out, key);
+    /* a recorded pass that failed may have failed in the recording: once more,
+     * unrecorded (rewriting the same K/V slots is harmless); a real error repeats */
+    if (st && key) st = forward_pass(m, kv, batch, &s, n_out, 0);
+    if (st == LM_OK && n_out > 0)
+        b->ops->download(b, logits, s.logits, (size_t)(n_out * m->hp.n_vocab) * sizeof(float));
+    scratch_release(m, &s, kept);
     return st;
 }

@@ -21,6 +21,12 @@ typedef struct lm_batch {
  * batch order, to `logits` (host memory, [n_selected][n_vocab]). */
 lm_status lm_forward(const lm_model_internal *m, lm_kv_cache *kv, const lm_batch *batch, float *logits);
 
+/* The activation buffers a model keeps between forward passes (stable addresses
+ * let a backend replay a recorded pass); created with the model. */
+typedef struct lm_forward_state lm_forward_state;
+lm_status lm_forward_state_create(lm_forward_state **out);
+void lm_forward_state_free(lm_backend *b, lm_forward_state *st);
+
 /* A KV cache sized for `n_seqs` sequences of up to `n_ctx` tokens each, storing
  * keys and values as `type` (LM_DTYPE_F16, the usual choice, or LM_DTYPE_F32). */
 lm_status lm_kv_cache_for_model(const lm_model_internal *m, int64_t n_ctx, int64_t n_seqs, lm_dtype type,

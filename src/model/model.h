@@ -33,6 +33,7 @@ typedef struct lm_model_internal {
     lm_tensor *synthetic;          /* affine tensors assembled from 3 parts  */
     int64_t n_synthetic, cap_synthetic;
     size_t weight_bytes;           /* bytes of all weights in the file        */
+    struct lm_forward_state *fwd;  /* activation buffers kept between passes  */
     char *path;
 } lm_model_internal;
 

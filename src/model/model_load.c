@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "formats/gguf.h"
 #include "formats/safetensors.h"
+#include "model/forward.h"
 #include "model/model.h"
 #include "tensor/quant.h"
 
@@ -327,6 +328,7 @@ lm_status lm_model_internal_load(const char *path, lm_backend *backend, lm_model
     }
     if (st == LM_OK && !m->path) st = lm_error(LM_ERR_NO_MEMORY, "out of memory");
     if (st == LM_OK && (st = bind_all(&L))) st = lm_error_prefix(st, "%s", path);
+    if (st == LM_OK) st = lm_forward_state_create(&m->fwd);
     if (st) {
         lm_model_internal_free(m);
         return st;
@@ -361,6 +363,7 @@ void lm_model_internal_free(lm_model_internal *m) {
     if (m->output != m->tok_embd) free_mat(b, m->output);
     free_mat(b, m->tok_embd);
     free_vec(b, m->output_norm);
+    lm_forward_state_free(b, m->fwd);
     free(m->synthetic);
     lm_gguf_close(m->gguf);
     lm_st_folder_close(m->folder);

@@ -24,7 +24,7 @@
 #include "test.h"
 #include "tiny_model.h"
 
-static lm_backend *g_cpu, *g_gpu;
+static lm_backend *g_cpu, *g_gpu, *g_gpu_direct; /* direct: LUMEN_CUDA_GRAPHS=0 */
 static uint64_t g_rng = 0x5eed;
 static int64_t g_mv_max_n = 16; /* the CUDA backend's default threshold (LUMEN_CUDA_MV_MAX_N) */
 static char g_dir[256];
@@ -556,6 +556,41 @@ static void run_steps(lm_model_internal *m, lm_dtype kv_type, float *out) {
     lm_kv_cache_free(kv);
 }
 
+/* n_seq sequences decoded together, one token each per step (the steps after the
+ * first two replay a recorded CUDA graph); out [E2E_TOK][n_seq][n_vocab] */
+static void run_parallel_steps(lm_model_internal *m, lm_dtype kv_type, int n_seq, float *out) {
+    lm_kv_cache *kv = NULL;
+    CHECK(lm_kv_cache_for_model(m, 64, n_seq, kv_type, &kv) == LM_OK);
+    for (int i = 0; i < E2E_TOK; i++) {
+        int32_t tok[4], pos[4], seq[4];
+        int8_t want[4];
+        for (int s = 0; s < n_seq; s++)
+            tok[s] = (int32_t)((i * 37 + s * 11 + 5) % m->hp.n_vocab), pos[s] = i, seq[s] = s, want[s] = 1;
+        lm_batch b = {n_seq, tok, pos, seq, want};
+        CHECK(lm_forward(m, kv, &b, out + (int64_t)i * n_seq * m->hp.n_vocab) == LM_OK);
+    }
+    lm_kv_cache_free(kv);
+}
+
+/* Decode steps replayed from CUDA graphs equal the same steps launched op by op,
+ * bit for bit (the graph runs the same kernels on the same data). */
+static void test_graphs_equal_direct(const char *path, lm_dtype kv_type, const char *what) {
+    lm_model_internal *mg = load_model(g_gpu, path), *md = load_model(g_gpu_direct, path);
+    if (!mg || !md) return;
+    int64_t V = mg->hp.n_vocab;
+    float *a = fmalloc(E2E_TOK * 3 * V), *b = fmalloc(E2E_TOK * 3 * V);
+    bool same = true;
+    for (int n_seq = 1; n_seq <= 3; n_seq += 2) {
+        run_parallel_steps(mg, kv_type, n_seq, a);
+        run_parallel_steps(md, kv_type, n_seq, b);
+        same = same && bit_equal(a, b, E2E_TOK * n_seq * V);
+    }
+    printf("  %-10s %-40s %s\n", "graphs", what, same ? "replayed steps == direct launches (bit-equal)" : "DIFFER");
+    CHECK(same);
+    free(a), free(b);
+    lm_model_internal_free(mg), lm_model_internal_free(md);
+}
+
 static int64_t argmax_row(const float *x, int64_t n) {
     int64_t best = 0;
     for (int64_t i = 1; i < n; i++)
@@ -627,6 +662,7 @@ static void test_e2e(lm_backend *gpu_exact, lm_arch arch, lm_dtype type, lm_dtyp
     printf("  %-10s %-40s %s\n", "invariance", "LUMEN_CUDA_MV_MAX_N=1e9",
            inv ? "decode steps == interleaved batch (bit-equal)" : "decode steps != interleaved batch");
     CHECK(inv);
+    test_graphs_equal_direct(pq, kv_type, what);
     free(ref), free(gpu), free(cpu), free(alone), free(steps);
     lm_model_internal_free(mg), lm_model_internal_free(mc), lm_model_internal_free(mf), lm_model_internal_free(mx);
     unlink(pq), unlink(pf);
@@ -665,6 +701,9 @@ int main(void) {
     }
     const char *mv = getenv("LUMEN_CUDA_MV_MAX_N");
     if (mv && atoll(mv) > 0) g_mv_max_n = atoll(mv);
+    setenv("LUMEN_CUDA_GRAPHS", "0", 1);
+    CHECK(create_gpu(&g_gpu_direct) == LM_OK);
+    unsetenv("LUMEN_CUDA_GRAPHS");
     CHECK(lm_backend_cpu_create(2, &g_cpu) == LM_OK);
     snprintf(g_dir, sizeof g_dir, "/tmp/lumen_backend_ops_XXXXXX");
     CHECK(mkdtemp(g_dir) != NULL);
@@ -681,6 +720,7 @@ int main(void) {
     test_models();
     printf("%d comparisons, %d over tolerance\n", g_n_checks, g_n_bad);
     lm_backend_free(g_gpu);
+    lm_backend_free(g_gpu_direct);
     lm_backend_free(g_cpu);
     TEST_MAIN_END();
 }

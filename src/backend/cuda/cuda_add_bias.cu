@@ -9,6 +9,7 @@ __global__ void add_bias_kernel(float *y, const float *__restrict__ bias, int64_
 extern "C" void lm_cuda_add_bias(lm_backend *b, float *y, const float *bias, int64_t n, int64_t d) {
     lm_cuda_backend *cu = lm_cuda(b);
     lm_cuda_enter(cu);
+    if (lm_cuda_replaying(cu)) return;
     if (n <= 0 || d <= 0) return;
     add_bias_kernel<<<lm_cuda_blocks(n * d, 256), 256, 0, cu->stream>>>(y, bias, n * d, d);
     lm_cuda_launched(cu, "add_bias_kernel");

@@ -10,9 +10,9 @@
  * warps of a block take consecutive heads of one token, which share their key/value
  * head under GQA, so its rows are read once from memory and then from L1.
  *
- * Long contexts are split into pieces of ATT_SPLIT positions processed by separate
- * blocks (grid.y) and merged by a second kernel, so decode of one long sequence
- * still fills the GPU. How a token is split depends only on its own position and
+ * Contexts are split into pieces of ATT_SPLIT positions processed by separate
+ * blocks (grid.y) and merged by a second kernel, so decode of one sequence still
+ * spreads over the GPU (at 512 a 12-head decode step ran 12 warps: 19 us a layer). How a token is split depends only on its own position and
  * window, never on the rest of the batch, so results are batch-invariant.
  *
  * With an F16 cache the query is rounded to f16 like the keys, as the CPU reference
@@ -20,7 +20,7 @@
  * difference is within f16 rounding, ~1e-4 relative). Everything else is f32. */
 #include "backend/cuda/cuda_internal.cuh"
 
-enum { ATT_WARPS = 4, ATT_SPLIT = 512, ATT_MAX_HD = 256, ATT_DPL = ATT_MAX_HD / 32 };
+enum { ATT_WARPS = 4, ATT_SPLIT = 64, ATT_MAX_HD = 256, ATT_DPL = ATT_MAX_HD / 32 };
 
 __device__ __forceinline__ void token_range(const int32_t *meta, int t, int64_t window, int *pos, int *lo,
                                             int *n_split) {
@@ -155,12 +155,23 @@ __global__ void attn_combine_kernel(const int32_t *__restrict__ meta, int n, int
     }
 }
 
+int lm_cuda_attn_max_splits(const lm_attn_batch *batch, int64_t window) {
+    int max_splits = 1;
+    for (int64_t t = 0; t < batch->n_tokens; t++) {
+        int64_t pos = batch->pos[t], lo = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+        int64_t ns = (pos - lo + 1 + ATT_SPLIT - 1) / ATT_SPLIT;
+        if (ns > max_splits) max_splits = ns > INT32_MAX ? INT32_MAX : (int)ns;
+    }
+    return max_splits;
+}
+
 extern "C" lm_status lm_cuda_attention(lm_backend *b, const lm_kv_cache *kv, int64_t layer,
                                        const lm_attn_batch *batch, const float *q, int64_t n_head, int64_t n_head_kv,
                                        int64_t head_dim, int64_t window, float scale, float *out) {
     lm_cuda_backend *cu = lm_cuda(b);
     lm_cuda_enter(cu);
-    lm_status st = lm_cuda_take_error(cu);
+    const bool in_pass = lm_cuda_recorded_pass(cu); /* errors wait for pass_end */
+    lm_status st = in_pass ? LM_OK : lm_cuda_take_error(cu);
     if (st) return st;
     const int64_t n = batch->n_tokens;
     if (n <= 0) return LM_OK;
@@ -177,20 +188,17 @@ extern "C" lm_status lm_cuda_attention(lm_backend *b, const lm_kv_cache *kv, int
     if (n * n_head > (int64_t)INT32_MAX * ATT_WARPS || n > INT32_MAX)
         return lm_error(LM_ERR_LIMIT, "attention: %lld tokens x %lld heads is too many for one call", (long long)n,
                         (long long)n_head);
-    int max_splits = 1;
-    for (int64_t t = 0; t < n; t++) {
-        int64_t pos = batch->pos[t], lo = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
-        int64_t ns = (pos - lo + 1 + ATT_SPLIT - 1) / ATT_SPLIT;
-        if (ns > max_splits) max_splits = (int)ns;
-    }
+    /* a recorded pass launches the grid of its whole shape (extra splits exit) */
+    int max_splits = in_pass ? cu->pass_splits : lm_cuda_attn_max_splits(batch, window);
     if (max_splits > 65535) return lm_error(LM_ERR_LIMIT, "attention: context too long for one call");
     const int32_t *meta = lm_cuda_attn_meta(cu, kv, batch);
-    if (!meta) return lm_cuda_take_error(cu);
+    if (!meta) return in_pass ? LM_OK : lm_cuda_take_error(cu);
+    if (lm_cuda_replaying(cu)) return LM_OK;
     float *part = NULL;
     if (max_splits > 1) {
         part = (float *)lm_cuda_scratch(cu, LM_CUDA_SCR_ATTN,
                                         (size_t)(n * n_head) * (size_t)max_splits * (size_t)(head_dim + 2) * 4);
-        if (!part) return lm_cuda_take_error(cu);
+        if (!part) return in_pass ? LM_OK : lm_cuda_take_error(cu);
     }
     const int64_t d_kv = kv->n_embd_kv;
     const size_t layer_off = (size_t)(layer * kv->n_blocks * kv->block_size * d_kv) * kv->elem_size;
@@ -206,11 +214,11 @@ extern "C" lm_status lm_cuda_attention(lm_backend *b, const lm_kv_cache *kv, int
         attn_kernel<false><<<grid, ATT_WARPS * 32, 0, cu->stream>>>(meta, (int)n, (int)n_head, group, (int)head_dim,
                                                                      d_kv, (int)kv->block_size, K, V, q, window,
                                                                      scale, max_splits, out, part);
-    if (!lm_cuda_launched(cu, "attn_kernel")) return lm_cuda_take_error(cu);
+    if (!lm_cuda_launched(cu, "attn_kernel")) return in_pass ? LM_OK : lm_cuda_take_error(cu);
     if (max_splits > 1) {
         attn_combine_kernel<<<grid.x, ATT_WARPS * 32, 0, cu->stream>>>(meta, (int)n, (int)n_head, (int)head_dim,
                                                                          window, max_splits, part, out);
         lm_cuda_launched(cu, "attn_combine_kernel");
     }
-    return lm_cuda_take_error(cu);
+    return in_pass ? LM_OK : lm_cuda_take_error(cu);
 }

@@ -80,6 +80,12 @@ static void dev_free(lm_cuda_backend *cu, void *p) {
 
 void *lm_cuda_scratch(lm_cuda_backend *cu, int slot, size_t bytes) {
     if (cu->scr_cap[slot] >= bytes && cu->scr[slot]) return cu->scr[slot];
+    if (cu->pass_mode == LM_CUDA_PASS_CAPTURE) {
+        /* the WARM pass of this shape sized every buffer: growing now is a bug */
+        lm_cuda_fail(cu, LM_ERR_INTERNAL, "scratch slot %d grew during a graph capture", slot);
+        return NULL;
+    }
+    cu->mem_gen++;
     dev_free(cu, cu->scr[slot]);
     cu->scr[slot] = NULL;
     cu->scr_cap[slot] = 0;
@@ -105,7 +111,25 @@ static bool grow_host(void **p, size_t *cap, size_t bytes) {
 const void *lm_cuda_meta_upload(lm_cuda_backend *cu, int kind, const void *host, size_t bytes) {
     lm_cuda_meta *m = &cu->meta[kind];
     if (m->valid && m->bytes == bytes && memcmp(m->shadow, host, bytes) == 0) return m->dev;
+    const int mode = cu->pass_mode;
+    if (mode != LM_CUDA_PASS_DIRECT) {
+        /* a recorded pass copies each kind once, from one staging buffer: a second,
+         * different content would overwrite the first before the graph reads it */
+        if (cu->pass_meta_sent & (1u << kind)) {
+            lm_cuda_fail(cu, LM_ERR_INTERNAL, "metadata kind %d changed within a recorded pass", kind);
+            return NULL;
+        }
+        cu->pass_meta_sent |= 1u << kind;
+    }
     m->valid = false;
+    const bool fixed = mode == LM_CUDA_PASS_CAPTURE || mode == LM_CUDA_PASS_REPLAY;
+    if (m->dev_cap < bytes || m->pinned_cap < bytes) {
+        if (fixed) { /* the WARM pass sized them: the recording points at them */
+            lm_cuda_fail(cu, LM_ERR_INTERNAL, "metadata kind %d grew during a recorded pass", kind);
+            return NULL;
+        }
+        cu->mem_gen++;
+    }
     if (m->dev_cap < bytes) {
         dev_free(cu, m->dev);
         m->dev_cap = 0;
@@ -117,8 +141,10 @@ const void *lm_cuda_meta_upload(lm_cuda_backend *cu, int kind, const void *host,
         m->dev_cap = bytes + bytes / 4 + 64;
     }
     /* the previous copy out of the pinned buffer must be done before we overwrite it
-     * (it was queued one forward pass ago: normally long finished) */
-    if (!lm_cuda_ok(cu, cudaEventSynchronize(m->copied), "cudaEventSynchronize")) return NULL;
+     * (it was queued one forward pass ago: normally long finished; pass_begin waited
+     * for the stream already) */
+    if (mode == LM_CUDA_PASS_DIRECT && !lm_cuda_ok(cu, cudaEventSynchronize(m->copied), "cudaEventSynchronize"))
+        return NULL;
     if (m->pinned_cap < bytes) {
         if (m->pinned) cudaFreeHost(m->pinned);
         m->pinned = NULL;
@@ -133,43 +159,64 @@ const void *lm_cuda_meta_upload(lm_cuda_backend *cu, int kind, const void *host,
     }
     memcpy(m->pinned, host, bytes);
     memcpy(m->shadow, host, bytes);
-    if (!lm_cuda_ok(cu, cudaMemcpyAsync(m->dev, m->pinned, bytes, cudaMemcpyHostToDevice, cu->stream),
-                    "cudaMemcpyAsync (metadata)") ||
-        !lm_cuda_ok(cu, cudaEventRecord(m->copied, cu->stream), "cudaEventRecord"))
-        return NULL;
+    if (mode != LM_CUDA_PASS_REPLAY) { /* a replay's graph holds the copy */
+        if (!lm_cuda_ok(cu, cudaMemcpyAsync(m->dev, m->pinned, bytes, cudaMemcpyHostToDevice, cu->stream),
+                        "cudaMemcpyAsync (metadata)"))
+            return NULL;
+        if (mode == LM_CUDA_PASS_DIRECT && !lm_cuda_ok(cu, cudaEventRecord(m->copied, cu->stream), "cudaEventRecord"))
+            return NULL;
+    }
     m->bytes = bytes;
     m->valid = true;
     return m->dev;
 }
 
-const int32_t *lm_cuda_attn_meta(lm_cuda_backend *cu, const lm_kv_cache *kv, const lm_attn_batch *batch) {
+/* The distinct sequences of a batch get their block tables once; seq_off marks them.
+ * Returns the metadata's size in ints: 2 n + the tables. */
+static int64_t attn_meta_layout(lm_cuda_backend *cu, const lm_kv_cache *kv, const lm_attn_batch *batch) {
     int64_t n = batch->n_tokens;
     if (cu->seq_off_cap < kv->n_seqs) {
         int32_t *s = (int32_t *)realloc(cu->seq_off, (size_t)kv->n_seqs * sizeof(int32_t));
         if (!s) {
             lm_cuda_fail(cu, LM_ERR_NO_MEMORY, "out of host memory for attention metadata");
-            return NULL;
+            return -1;
         }
         for (int64_t i = cu->seq_off_cap; i < kv->n_seqs; i++) s[i] = -1;
         cu->seq_off = s;
         cu->seq_off_cap = kv->n_seqs;
     }
-    /* size: positions and offsets, then each distinct sequence's table once */
-    size_t total = (size_t)(2 * n);
+    int64_t total = 2 * n;
     for (int64_t t = 0; t < n; t++) {
         int32_t s = batch->seq[t];
         if (cu->seq_off[s] < 0) {
-            cu->seq_off[s] = 0; /* mark; real offsets assigned below */
-            total += (size_t)kv->seqs[s].n_blocks;
+            cu->seq_off[s] = 0; /* mark; real offsets assigned by the caller */
+            total += kv->seqs[s].n_blocks;
         }
     }
-    if (!grow_host((void **)&cu->attn_host, &cu->attn_host_cap, total * sizeof(int32_t))) {
-        for (int64_t t = 0; t < n; t++) cu->seq_off[batch->seq[t]] = -1;
+    for (int64_t t = 0; t < n; t++) cu->seq_off[batch->seq[t]] = -1;
+    return total;
+}
+
+int64_t lm_cuda_attn_meta_ints(lm_cuda_backend *cu, const lm_kv_cache *kv, const lm_attn_batch *batch) {
+    int64_t total = attn_meta_layout(cu, kv, batch);
+    return total < 0 ? 0 : total;
+}
+
+const int32_t *lm_cuda_attn_meta(lm_cuda_backend *cu, const lm_kv_cache *kv, const lm_attn_batch *batch) {
+    int64_t n = batch->n_tokens;
+    int64_t total = attn_meta_layout(cu, kv, batch);
+    if (total < 0) return NULL;
+    /* a recorded pass copies its padded size, whatever this step's tables take */
+    int64_t sent = lm_cuda_recorded_pass(cu) ? cu->pass_meta_ints : total;
+    if (sent < total) {
+        lm_cuda_fail(cu, LM_ERR_INTERNAL, "attention metadata outgrew its recorded size");
+        return NULL;
+    }
+    if (!grow_host((void **)&cu->attn_host, &cu->attn_host_cap, (size_t)sent * sizeof(int32_t))) {
         lm_cuda_fail(cu, LM_ERR_NO_MEMORY, "out of host memory for attention metadata");
         return NULL;
     }
     int32_t *h = cu->attn_host;
-    for (int64_t t = 0; t < n; t++) cu->seq_off[batch->seq[t]] = -1;
     size_t off = (size_t)(2 * n);
     for (int64_t t = 0; t < n; t++) {
         int32_t s = batch->seq[t];
@@ -182,7 +229,8 @@ const int32_t *lm_cuda_attn_meta(lm_cuda_backend *cu, const lm_kv_cache *kv, con
         h[n + t] = cu->seq_off[s];
     }
     for (int64_t t = 0; t < n; t++) cu->seq_off[batch->seq[t]] = -1;
-    return (const int32_t *)lm_cuda_meta_upload(cu, LM_CUDA_META_ATTN, h, off * sizeof(int32_t));
+    memset(h + off, 0, (size_t)(sent - (int64_t)off) * sizeof(int32_t));
+    return (const int32_t *)lm_cuda_meta_upload(cu, LM_CUDA_META_ATTN, h, (size_t)sent * sizeof(int32_t));
 }
 
 static void *cuda_alloc(lm_backend *b, size_t bytes) {
@@ -200,6 +248,10 @@ static void cuda_free(lm_backend *b, void *p) {
 static void cuda_upload(lm_backend *b, void *dst, const void *src, size_t bytes) {
     lm_cuda_backend *cu = lm_cuda(b);
     lm_cuda_enter(cu);
+    if (lm_cuda_recorded_pass(cu)) {
+        lm_cuda_fail(cu, LM_ERR_INTERNAL, "upload inside a forward pass");
+        return;
+    }
     if (lm_cuda_ok(cu, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cu->stream), "upload"))
         lm_cuda_ok(cu, cudaStreamSynchronize(cu->stream), "upload (synchronize)");
 }
@@ -207,7 +259,8 @@ static void cuda_upload(lm_backend *b, void *dst, const void *src, size_t bytes)
 static void cuda_download(lm_backend *b, void *dst, const void *src, size_t bytes) {
     lm_cuda_backend *cu = lm_cuda(b);
     lm_cuda_enter(cu);
-    bool ok = lm_cuda_ok(cu, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, cu->stream), "download") &&
+    if (lm_cuda_recorded_pass(cu)) lm_cuda_fail(cu, LM_ERR_INTERNAL, "download inside a forward pass");
+    bool ok = cu->err == LM_OK && lm_cuda_ok(cu, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, cu->stream), "download") &&
               lm_cuda_ok(cu, cudaStreamSynchronize(cu->stream), "download (synchronize)");
     if (!ok || cu->err != LM_OK) {
         /* the op cannot return the error: make the result unmistakably invalid (NaN)
@@ -220,7 +273,7 @@ static void cuda_download(lm_backend *b, void *dst, const void *src, size_t byte
 static void cuda_copy(lm_backend *b, void *dst, const void *src, size_t bytes) {
     lm_cuda_backend *cu = lm_cuda(b);
     lm_cuda_enter(cu);
-    if (bytes == 0 || dst == src) return;
+    if (bytes == 0 || dst == src || lm_cuda_replaying(cu)) return;
     const char *d = (const char *)dst, *s = (const char *)src;
     if (d + bytes <= s || s + bytes <= d) {
         lm_cuda_ok(cu, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cu->stream), "copy");
@@ -414,6 +467,9 @@ static void cuda_weight_free(lm_backend *b, lm_weight *w) {
 
 /* ---- lifetime ------------------------------------------------------------------ */
 
+/* cuBLAS's own workspace, set once: a GEMM inside a graph capture must not allocate */
+enum { CUBLAS_WORKSPACE = 32 << 20 };
+
 static void cuda_destroy(lm_backend *b) {
     lm_cuda_backend *cu = lm_cuda(b);
     lm_cuda_enter(cu);
@@ -427,7 +483,12 @@ static void cuda_destroy(lm_backend *b) {
         if (m->copied) cudaEventDestroy(m->copied);
     }
     if (cu->stream) cudaStreamSynchronize(cu->stream);
+    if (getenv("LUMEN_CUDA_GRAPHS_LOG"))
+        fprintf(stderr, "CUDA graphs: %llu passes recorded, %llu replayed\n", (unsigned long long)cu->n_captured,
+                (unsigned long long)cu->n_replayed);
+    lm_cuda_graphs_free(cu);
     if (cu->cublas) cublasDestroy(cu->cublas);
+    if (cu->cublas_ws) cudaFree(cu->cublas_ws);
     if (cu->stream) cudaStreamDestroy(cu->stream);
     free(cu->attn_host);
     free(cu->seq_off);
@@ -462,6 +523,8 @@ static void init_ops(void) {
     o->geglu = lm_cuda_geglu;
     o->kv_store = lm_cuda_kv_store;
     o->attention = lm_cuda_attention;
+    o->pass_begin = lm_cuda_pass_begin;
+    o->pass_end = lm_cuda_pass_end;
 }
 
 extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
@@ -502,6 +565,8 @@ extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
     cu->n_sm = prop.multiProcessorCount;
     cu->total_mem = prop.totalGlobalMem;
     snprintf(cu->name, sizeof cu->name, "%s", prop.name);
+    const char *graphs = getenv("LUMEN_CUDA_GRAPHS"); /* 0: every op launched as called */
+    cu->graphs_on = !(graphs && strcmp(graphs, "0") == 0);
     const char *mv = getenv("LUMEN_CUDA_MV_MAX_N");
     cu->mv_max_n = mv && atoll(mv) > 0 ? atoll(mv) : 16;
     lm_status st = LM_OK;
@@ -510,7 +575,9 @@ extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
         (e = cudaStreamCreateWithFlags(&cu->stream, cudaStreamNonBlocking)) != cudaSuccess) {
         st = lm_error(LM_ERR_UNSUPPORTED, "cannot start GPU %d (%s): %s", device, prop.name, cudaGetErrorString(e));
     } else if (cublasCreate(&cu->cublas) != CUBLAS_STATUS_SUCCESS ||
-               cublasSetStream(cu->cublas, cu->stream) != CUBLAS_STATUS_SUCCESS) {
+               cublasSetStream(cu->cublas, cu->stream) != CUBLAS_STATUS_SUCCESS ||
+               cudaMalloc(&cu->cublas_ws, CUBLAS_WORKSPACE) != cudaSuccess ||
+               cublasSetWorkspace(cu->cublas, cu->cublas_ws, CUBLAS_WORKSPACE) != CUBLAS_STATUS_SUCCESS) {
         st = lm_error(LM_ERR_UNSUPPORTED, "cannot start cuBLAS on GPU %d (%s)", device, prop.name);
     } else {
         for (int i = 0; i < LM_CUDA_META_COUNT && st == LM_OK; i++)

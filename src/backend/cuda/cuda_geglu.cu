@@ -26,6 +26,7 @@ __global__ void geglu_kernel(const float *gate, const float *up, int64_t n, floa
 extern "C" void lm_cuda_geglu(lm_backend *b, const float *gate, const float *up, int64_t n, float *out) {
     lm_cuda_backend *cu = lm_cuda(b);
     lm_cuda_enter(cu);
+    if (lm_cuda_replaying(cu)) return;
     if (n <= 0) return;
     geglu_kernel<<<lm_cuda_blocks(n, 256), 256, 0, cu->stream>>>(gate, up, n, out);
     lm_cuda_launched(cu, "geglu_kernel");

@@ -37,7 +37,7 @@ extern "C" void lm_cuda_get_rows(lm_backend *b, const lm_weight *table, const in
         return;
     }
     const int32_t *d_ids = (const int32_t *)lm_cuda_meta_upload(cu, LM_CUDA_META_IDS, ids, (size_t)n * sizeof(int32_t));
-    if (!d_ids) return;
+    if (!d_ids || lm_cuda_replaying(cu)) return;
     switch (table->type) {
 #define LM_X(t) \
     case t: launch<t>(cu, table, d_ids, n, out); break;

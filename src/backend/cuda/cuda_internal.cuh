@@ -45,6 +45,22 @@ typedef struct lm_cuda_meta {
     cudaEvent_t copied; /* recorded after the last copy out of `pinned` */
 } lm_cuda_meta;
 
+/* How ops behave inside a forward pass (cuda_graph.cu): DIRECT outside a pass or
+ * in a pass that is not recorded; WARM: the first pass of a shape, run directly
+ * but with the recorded sizes so every buffer reaches its size; CAPTURE: the ops
+ * are recorded into a CUDA graph (nothing runs until pass_end launches it);
+ * REPLAY: a recording of this shape exists, ops only stage their host metadata. */
+enum lm_cuda_pass_mode { LM_CUDA_PASS_DIRECT, LM_CUDA_PASS_WARM, LM_CUDA_PASS_CAPTURE, LM_CUDA_PASS_REPLAY };
+
+enum { LM_CUDA_GRAPHS = 32, LM_CUDA_SEEN = 64 };
+
+typedef struct lm_cuda_graph {
+    uint64_t key;      /* 0: free slot                                   */
+    uint64_t mem_gen;  /* cu->mem_gen when recorded: buffers it points at */
+    uint64_t last_use;
+    cudaGraphExec_t exec;
+} lm_cuda_graph;
+
 typedef struct lm_cuda_backend {
     lm_backend base;
     int device, n_sm;
@@ -65,7 +81,24 @@ typedef struct lm_cuda_backend {
     size_t attn_host_cap;
     int32_t *seq_off;  /* per sequence id: its table's offset in attn_host (-1) */
     int64_t seq_off_cap;
+    void *cublas_ws;   /* cuBLAS's workspace: no allocation inside a capture   */
+    /* forward passes recorded as CUDA graphs (cuda_graph.cu) */
+    bool graphs_on;    /* LUMEN_CUDA_GRAPHS=0 turns recording off              */
+    int pass_mode;     /* lm_cuda_pass_mode                                    */
+    uint64_t pass_key; /* the current pass's key, buckets included             */
+    int64_t pass_meta_ints; /* attention metadata of the pass, padded (ints)   */
+    int pass_splits;   /* attention grid splits of the pass, rounded up        */
+    uint32_t pass_meta_sent; /* bit per meta kind: uploaded in this pass       */
+    uint64_t mem_gen;  /* bumped whenever a scratch or metadata buffer moves   */
+    uint64_t use_clock;
+    lm_cuda_graph graphs[LM_CUDA_GRAPHS];
+    uint64_t seen[LM_CUDA_SEEN]; /* keys run once (WARM), ring               */
+    int seen_next;
+    uint64_t n_captured, n_replayed; /* printed at exit with LUMEN_CUDA_GRAPHS_LOG=1 */
 } lm_cuda_backend;
+
+static inline bool lm_cuda_replaying(const lm_cuda_backend *cu) { return cu->pass_mode == LM_CUDA_PASS_REPLAY; }
+static inline bool lm_cuda_recorded_pass(const lm_cuda_backend *cu) { return cu->pass_mode != LM_CUDA_PASS_DIRECT; }
 
 /* A weight matrix in device memory. `type` is the device format: the file's own
  * block layout for the formats the kernels decode, else F16/F32 converted at load. */
@@ -117,6 +150,11 @@ static inline unsigned lm_cuda_blocks(int64_t n, int threads) {
     return (unsigned)b;
 }
 
+/* The attention metadata of a batch in ints (what lm_cuda_attn_meta uploads), and
+ * the most splits any of its tokens needs (cuda_attention.cu). */
+int64_t lm_cuda_attn_meta_ints(lm_cuda_backend *cu, const lm_kv_cache *kv, const lm_attn_batch *batch);
+int lm_cuda_attn_max_splits(const lm_attn_batch *batch, int64_t window);
+
 /* kernels' entry points (one file each) */
 extern "C" {
 void lm_cuda_get_rows(lm_backend *b, const lm_weight *table, const int32_t *ids, int64_t n, float *out);
@@ -133,6 +171,9 @@ void lm_cuda_swiglu(lm_backend *b, const float *gate, const float *up, int64_t n
 void lm_cuda_geglu(lm_backend *b, const float *gate, const float *up, int64_t n, float *out);
 void lm_cuda_kv_store(lm_backend *b, struct lm_kv_cache *kv, int64_t layer, const lm_attn_batch *batch,
                       const float *k, const float *v);
+lm_status lm_cuda_pass_begin(lm_backend *b, uint64_t key, const struct lm_kv_cache *kv, const lm_attn_batch *batch);
+lm_status lm_cuda_pass_end(lm_backend *b);
+void lm_cuda_graphs_free(lm_cuda_backend *cu);
 lm_status lm_cuda_attention(lm_backend *b, const struct lm_kv_cache *kv, int64_t layer, const lm_attn_batch *batch,
                             const float *q, int64_t n_head, int64_t n_head_kv, int64_t head_dim, int64_t window,
                             float scale, float *out);

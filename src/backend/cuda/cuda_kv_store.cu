@@ -36,7 +36,7 @@ extern "C" void lm_cuda_kv_store(lm_backend *b, lm_kv_cache *kv, int64_t layer, 
         return;
     }
     const int32_t *meta = lm_cuda_attn_meta(cu, kv, batch);
-    if (!meta) return;
+    if (!meta || lm_cuda_replaying(cu)) return;
     int64_t d = kv->n_embd_kv;
     size_t layer_off = (size_t)(layer * kv->n_blocks * kv->block_size * d) * kv->elem_size;
     void *K = (uint8_t *)kv->k + layer_off, *V = (uint8_t *)kv->v + layer_off;

@@ -292,7 +292,8 @@ static lm_status mv_dispatch(lm_cuda_backend *cu, const lm_weight *const *w, int
 
 static lm_status matmul_begin(lm_cuda_backend *cu, const float *x) {
     lm_cuda_enter(cu);
-    lm_status st = lm_cuda_take_error(cu); /* an earlier void op's failure */
+    /* in a pass, errors wait for pass_end (a capture must not be cut short) */
+    lm_status st = lm_cuda_recorded_pass(cu) ? LM_OK : lm_cuda_take_error(cu);
     if (st) return st;
     if (((uintptr_t)x & 15) != 0)
         return lm_error(LM_ERR_INVALID_ARG, "matmul: activations at %p are not 16-byte aligned", (const void *)x);
@@ -302,21 +303,21 @@ static lm_status matmul_begin(lm_cuda_backend *cu, const float *x) {
 extern "C" lm_status lm_cuda_matmul(lm_backend *b, const lm_weight *w, const float *x, int64_t n, float *y) {
     lm_cuda_backend *cu = lm_cuda(b);
     lm_status st = matmul_begin(cu, x);
-    if (st || n <= 0) return st;
+    if (st || n <= 0 || lm_cuda_replaying(cu)) return st;
     if (n <= cu->mv_max_n) {
         if ((st = mv_dispatch(cu, &w, 1, x, n, &y))) return st;
     } else {
         const void *xs = gemm_prepare_x(cu, w->type == LM_DTYPE_F32, x, n, w->cols);
         if (xs) gemm_run(cu, w, xs, n, y);
     }
-    return lm_cuda_take_error(cu);
+    return lm_cuda_recorded_pass(cu) ? LM_OK : lm_cuda_take_error(cu);
 }
 
 extern "C" lm_status lm_cuda_matmul_many(lm_backend *b, const lm_weight *const *w, int n_w, const float *x, int64_t n,
                                          float *const *y) {
     lm_cuda_backend *cu = lm_cuda(b);
     lm_status st = matmul_begin(cu, x);
-    if (st || n <= 0 || n_w <= 0) return st;
+    if (st || n <= 0 || n_w <= 0 || lm_cuda_replaying(cu)) return st;
     for (int i = 1; i < n_w; i++)
         if (w[i]->cols != w[0]->cols)
             return lm_error(LM_ERR_INVALID_ARG, "matmul_many: weights of %lld and %lld columns share one input",
@@ -345,5 +346,5 @@ extern "C" lm_status lm_cuda_matmul_many(lm_backend *b, const lm_weight *const *
             if (xs) gemm_run(cu, w[i], xs, n, y[i]);
         }
     }
-    return lm_cuda_take_error(cu);
+    return lm_cuda_recorded_pass(cu) ? LM_OK : lm_cuda_take_error(cu);
 }

@@ -32,7 +32,7 @@ extern "C" void lm_cuda_rope(lm_backend *b, float *x, int64_t n, int64_t n_head,
         return;
     }
     const int32_t *d_pos = (const int32_t *)lm_cuda_meta_upload(cu, LM_CUDA_META_POS, pos, (size_t)n * sizeof(int32_t));
-    if (!d_pos) return;
+    if (!d_pos || lm_cuda_replaying(cu)) return;
     int threads = n_rot / 2 >= 128 ? 128 : n_rot / 2 >= 64 ? 64 : 32;
     rope_kernel<<<(unsigned)n, threads, 0, cu->stream>>>(x, d_pos, n_head, head_dim, n_rot, theta, freq_scale,
                                                           mode == LM_ROPE_NEOX);

@@ -9,6 +9,7 @@ __global__ void scale_kernel(float *y, float s, int64_t n) {
 extern "C" void lm_cuda_scale(lm_backend *b, float *y, float s, int64_t n) {
     lm_cuda_backend *cu = lm_cuda(b);
     lm_cuda_enter(cu);
+    if (lm_cuda_replaying(cu)) return;
     if (n <= 0) return;
     scale_kernel<<<lm_cuda_blocks(n, 256), 256, 0, cu->stream>>>(y, s, n);
     lm_cuda_launched(cu, "scale_kernel");

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One short call on the GPU machine while working on the CUDA backend (2-4 minutes):
+#   run(command="bash bench/cuda_quick_run.sh", carry=[".deps"])
+# builds, runs the op tests (quick mode), then `lumen bench --backend cuda` on the
+# Qwen2.5-1.5B-shaped models (bf16 folder and Q4_K_M-like GGUF): prefill of 512
+# tokens and decode at 1, 8, 64 and 256 sequences. The full, recorded benchmark with
+# the transformers peer is bench/cuda_bench_run.sh.
+# Environment: LUMEN_QUICK_PAR (default 1,8,64,256), LUMEN_QUICK_GEN (64),
+# LUMEN_QUICK_TESTS=0 skips the op tests.
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+OUT="${OUT:-$ROOT/cuda-run-out}"
+BUILD="${LUMEN_CUDA_BUILD:-$ROOT/build-cuda-device}"
+mkdir -p "$OUT" "$BUILD"
+. "$ROOT/bench/cuda_env.sh"
+lumen_cuda_env || exit 2
+t0=$(date +%s)
+cmake -S "$ROOT" -B "$BUILD" -DLUMEN_CUDA=ON -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_BUILD_TYPE=Release > "$OUT/build.log" 2>&1 &&
+  cmake --build "$BUILD" -j"$(nproc)" --target lumen_cli bench_make_model test_backend_ops >> "$OUT/build.log" 2>&1 ||
+  { grep -E -A4 "error" "$OUT/build.log" | head -40; exit 2; }
+echo "built in $(( $(date +%s) - t0 ))s"
+if [ "${LUMEN_QUICK_TESTS:-1}" != 0 ]; then
+  (cd "$ROOT" && LUMEN_TEST_OPS_QUICK=1 timeout 120 "$BUILD/tests/test_backend_ops") > "$OUT/ops.log" 2>&1
+  echo "op tests: status $?"
+  grep -E "FAIL|DIFFER|comparisons|graphs|SKIPPED|rror" "$OUT/ops.log" | head -20
+fi
+M=/dev/shm/lumen-bench
+GGUF="$M/qwen2.5-1.5b-shaped-q4_k_m.gguf" HF="$M/qwen2.5-1.5b-shaped-bf16"
+mkdir -p "$M"
+[ -f "$M/.done" ] || { "$BUILD/bench_make_model" --gguf "$GGUF" --hf "$HF" --threads "$(nproc)" > "$OUT/models.log" 2>&1 && touch "$M/.done"; }
+for model in "$HF" "$GGUF"; do
+  echo "=== $(basename "$model")"
+  LUMEN_CUDA_GRAPHS_LOG=1 timeout 200 "$BUILD/lumen" bench "$model" --backend cuda -p 512 -n "${LUMEN_QUICK_GEN:-64}" -r 3 \
+    --parallel "${LUMEN_QUICK_PAR:-1,8,64,256}" --parallel-prompt 128 2>&1 | tee -a "$OUT/bench.log" | grep -v "^\s*$" | tail -12
+done

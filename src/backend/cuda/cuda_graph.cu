@@ -1,0 +1,157 @@
+/* Forward passes recorded as CUDA graphs and replayed.
+ *
+ * A decode step is ~500 small kernels; launched one by one, the host and the gaps
+ * between kernels cost more than the kernels (measured on the H200: 3.0 ms of kernel
+ * time in a 7.4 ms step of a 1.5B model). A graph launches them all at once.
+ *
+ * Shapes: the forward pass gives each pass a key naming its shape (token count,
+ * which rows return logits, its activation buffers); to it we add what varies inside
+ * the backend: the attention metadata's size, padded to a power of two, and the
+ * attention's split count, rounded up to one. A pass with the same key issues the same
+ * kernels with the same arguments; only host metadata (token ids, positions, block
+ * tables) changes, and that sits in page-locked staging buffers whose copies to the
+ * device are part of the graph. So a replay writes the new metadata into the staging
+ * buffers and launches the graph.
+ *
+ * Order of events for a key: the first pass runs directly (WARM: every scratch and
+ * metadata buffer grows to its size, at the padded sizes); the second is captured
+ * and launched; later ones replay. A graph is dropped when any buffer it points at
+ * moved (cu->mem_gen), e.g. when a long prefill grew the scratch. Recording never
+ * changes results: the same kernels run on the same data. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_internal.cuh"
+
+extern "C" {
+#include "core/log.h"
+}
+
+static uint64_t mix(uint64_t h, uint64_t v) {
+    h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+    return h ? h : 1;
+}
+
+static int64_t next_pow2(int64_t v, int64_t floor) {
+    int64_t p = floor;
+    while (p < v) p <<= 1;
+    return p;
+}
+
+static void graph_drop(lm_cuda_graph *g) {
+    if (g->key) cudaGraphExecDestroy(g->exec);
+    memset(g, 0, sizeof *g);
+}
+
+void lm_cuda_graphs_free(lm_cuda_backend *cu) {
+    for (int i = 0; i < LM_CUDA_GRAPHS; i++) graph_drop(&cu->graphs[i]);
+}
+
+static lm_cuda_graph *graph_find(lm_cuda_backend *cu, uint64_t key) {
+    for (int i = 0; i < LM_CUDA_GRAPHS; i++) {
+        lm_cuda_graph *g = &cu->graphs[i];
+        if (g->key != key) continue;
+        if (g->mem_gen == cu->mem_gen) return g;
+        graph_drop(g); /* it points at buffers that have moved */
+        return NULL;
+    }
+    return NULL;
+}
+
+static bool seen_before(lm_cuda_backend *cu, uint64_t key) {
+    for (int i = 0; i < LM_CUDA_SEEN; i++)
+        if (cu->seen[i] == key) return true;
+    cu->seen[cu->seen_next] = key;
+    cu->seen_next = (cu->seen_next + 1) % LM_CUDA_SEEN;
+    return false;
+}
+
+extern "C" lm_status lm_cuda_pass_begin(lm_backend *b, uint64_t key, const lm_kv_cache *kv,
+                                        const lm_attn_batch *batch) {
+    lm_cuda_backend *cu = lm_cuda(b);
+    lm_cuda_enter(cu);
+    lm_status st = lm_cuda_take_error(cu);
+    if (st) return st;
+    if (cu->pass_mode != LM_CUDA_PASS_DIRECT)
+        return lm_error(LM_ERR_INTERNAL, "pass_begin: the previous pass was not ended");
+    if (key == 0 || !cu->graphs_on || !kv || !batch) return LM_OK;
+    cu->pass_meta_ints = next_pow2(lm_cuda_attn_meta_ints(cu, kv, batch), 1024);
+    cu->pass_splits = (int)next_pow2(lm_cuda_attn_max_splits(batch, 0), 1);
+    if (cu->err) return lm_cuda_take_error(cu);
+    key = mix(mix(key, (uint64_t)cu->pass_meta_ints), (uint64_t)cu->pass_splits);
+    /* the staging buffers are rewritten below: the last pass must have read them */
+    if (!lm_cuda_ok(cu, cudaStreamSynchronize(cu->stream), "pass_begin (synchronize)")) return lm_cuda_take_error(cu);
+    cu->pass_key = key;
+    cu->pass_meta_sent = 0;
+    for (int i = 0; i < LM_CUDA_META_COUNT; i++) cu->meta[i].valid = false;
+    lm_cuda_graph *g = graph_find(cu, key);
+    if (g) {
+        cu->pass_mode = LM_CUDA_PASS_REPLAY;
+    } else if (seen_before(cu, key)) {
+        if (!lm_cuda_ok(cu, cudaStreamBeginCapture(cu->stream, cudaStreamCaptureModeThreadLocal),
+                        "cudaStreamBeginCapture"))
+            return lm_cuda_take_error(cu);
+        cu->pass_mode = LM_CUDA_PASS_CAPTURE;
+    } else {
+        cu->pass_mode = LM_CUDA_PASS_WARM;
+    }
+    return LM_OK;
+}
+
+/* A slot for a new graph: a free one, else the least recently used. */
+static lm_cuda_graph *graph_slot(lm_cuda_backend *cu) {
+    lm_cuda_graph *best = &cu->graphs[0];
+    for (int i = 0; i < LM_CUDA_GRAPHS; i++) {
+        lm_cuda_graph *g = &cu->graphs[i];
+        if (!g->key) return g;
+        if (g->last_use < best->last_use) best = g;
+    }
+    graph_drop(best);
+    return best;
+}
+
+static void launch(lm_cuda_backend *cu, lm_cuda_graph *g) {
+    g->last_use = ++cu->use_clock;
+    if (!lm_cuda_ok(cu, cudaGraphLaunch(g->exec, cu->stream), "cudaGraphLaunch")) return;
+    /* the graph's metadata copies read the staging buffers: a direct upload after
+     * this pass waits for them through these events */
+    for (int i = 0; i < LM_CUDA_META_COUNT; i++) lm_cuda_ok(cu, cudaEventRecord(cu->meta[i].copied, cu->stream), "cudaEventRecord");
+}
+
+extern "C" lm_status lm_cuda_pass_end(lm_backend *b) {
+    lm_cuda_backend *cu = lm_cuda(b);
+    lm_cuda_enter(cu);
+    int mode = cu->pass_mode;
+    cu->pass_mode = LM_CUDA_PASS_DIRECT;
+    if (mode == LM_CUDA_PASS_CAPTURE) {
+        cudaGraph_t graph = NULL;
+        cudaError_t e = cudaStreamEndCapture(cu->stream, &graph);
+        if (cu->err == LM_OK && lm_cuda_ok(cu, e, "cudaStreamEndCapture")) {
+            lm_cuda_graph *g = graph_slot(cu);
+            if (lm_cuda_ok(cu, cudaGraphInstantiate(&g->exec, graph, 0), "cudaGraphInstantiate")) {
+                g->key = cu->pass_key;
+                g->mem_gen = cu->mem_gen;
+                cu->n_captured++;
+                launch(cu, g);
+            }
+        }
+        if (graph) cudaGraphDestroy(graph);
+        cudaGetLastError(); /* a failed capture leaves its error behind: it is recorded */
+        if (cu->err != LM_OK && cu->graphs_on) {
+            /* the caller runs the pass again unrecorded; keep later passes from
+             * failing the same way */
+            cu->graphs_on = false;
+            lm_log(LM_LOG_WARN, "CUDA graphs turned off after a failed capture: %s", cu->err_msg);
+        }
+    } else if (mode == LM_CUDA_PASS_REPLAY) {
+        lm_cuda_graph *g = graph_find(cu, cu->pass_key);
+        if (!g)
+            lm_cuda_fail(cu, LM_ERR_INTERNAL, "pass_end: the recording of this pass was dropped during it");
+        else {
+            cu->n_replayed++;
+            launch(cu, g);
+        }
+    }
+    return lm_cuda_take_error(cu);
+}
