@@ -122,7 +122,7 @@ static lm_status run_parallel_once(lm_model_internal *m, int N, int prompt, int 
     int32_t *tok = malloc(sizeof(int32_t) * (size_t)n_cap), *pos = malloc(sizeof(int32_t) * (size_t)n_cap);
     int32_t *seq = malloc(sizeof(int32_t) * (size_t)n_cap);
     int8_t *want = malloc((size_t)N);
-    float *logits = malloc(sizeof(float) * (size_t)((all_logits ? N : 1) * n_vocab));
+    float *logits = lm_backend_host_alloc(m->backend, sizeof(float) * (size_t)((all_logits ? N : 1) * n_vocab));
     lm_status st = (!tok || !pos || !seq || !want || !logits)
                        ? lm_error(LM_ERR_NO_MEMORY, "out of memory for %d sequences", N)
                        : lm_kv_cache_for_model(m, prompt + steps + 1, N, LM_DTYPE_F16, &kv);
@@ -155,7 +155,8 @@ static lm_status run_parallel_once(lm_model_internal *m, int N, int prompt, int 
     *prefill_s = t1 - t0;
     *decode_s = now_s() - t1;
     lm_kv_cache_free(kv);
-    free(tok), free(pos), free(seq), free(want), free(logits);
+    free(tok), free(pos), free(seq), free(want);
+    lm_backend_host_free(m->backend, logits);
     return st;
 }
 

@@ -270,6 +270,23 @@ static void cuda_download(lm_backend *b, void *dst, const void *src, size_t byte
     }
 }
 
+static void *cuda_host_alloc(lm_backend *b, size_t bytes) {
+    lm_cuda_backend *cu = lm_cuda(b);
+    lm_cuda_enter(cu);
+    void *p = NULL;
+    if (cudaMallocHost(&p, bytes ? bytes : 64) != cudaSuccess) {
+        cudaGetLastError(); /* not sticky: the caller sees NULL */
+        return NULL;
+    }
+    return p;
+}
+
+static void cuda_host_free(lm_backend *b, void *p) {
+    lm_cuda_backend *cu = lm_cuda(b);
+    lm_cuda_enter(cu);
+    if (p) lm_cuda_ok(cu, cudaFreeHost(p), "cudaFreeHost");
+}
+
 static void cuda_copy(lm_backend *b, void *dst, const void *src, size_t bytes) {
     lm_cuda_backend *cu = lm_cuda(b);
     lm_cuda_enter(cu);
@@ -507,6 +524,8 @@ static void init_ops(void) {
     o->upload = cuda_upload;
     o->download = cuda_download;
     o->copy = cuda_copy;
+    o->host_alloc = cuda_host_alloc;
+    o->host_free = cuda_host_free;
     o->weight_create = cuda_weight_create;
     o->weight_free = cuda_weight_free;
     o->get_rows = lm_cuda_get_rows;
