@@ -3,11 +3,11 @@
  *
  * A step: (1) if the previous token is not in the cache yet, run it through the
  * model; the first step instead computes the prompt (the part not already cached),
- * in chunks so that a cancel is seen between them; (2) sample from the logits;
- * (3) decode the token incrementally and pass the text through the stop-string
- * matcher, which holds back what could still become a stop string; (4) decide
- * whether this was the last step (end token, stop string, max_tokens, context full)
- * and, if so, release everything held back.
+ * in chunks so that a cancel is seen between them; (2) the rest is the engine's
+ * too (api/gen_step.c): sample from the logits, decode the token incrementally,
+ * pass the text through the stop-string matcher, which holds back what could still
+ * become a stop string, and decide whether this was the last step (end token, stop
+ * string, max_tokens, context full), releasing everything held back if so.
  *
  * The token generated last is never fed to the model: nothing needs its logits. */
 #include <math.h>
@@ -15,10 +15,9 @@
 #include <string.h>
 
 #include "api/api_internal.h"
+#include "api/gen_step.h"
 #include "core/error.h"
 #include "model/forward.h"
-#include "sampling/sampling.h"
-#include "sampling/stop.h"
 
 /* Prompt tokens per forward call: big enough to keep the matmuls efficient, small
  * enough that a cancel during a long prompt is seen within a fraction of a second. */
@@ -48,25 +47,10 @@ struct lm_request {
     lm_context *ctx;
     int32_t *prompt;
     size_t n_prompt;
-    int32_t max_tokens;
-    bool ignore_eos, want_logprobs;
-    int32_t n_top;
-    lm_sampler *sampler;
-    lm_stop_matcher *stop;
-    lm_detok_stream *detok;
-    uint32_t tok_vocab;              /* tokenizer ids; the model may have padding rows beyond */
-    lm_logits_processor_factory factory;
-    lm_logits_processor built;
-    bool has_built;
+    lm_gen gen;          /* sampling, detokenizing, stop strings; this step's output */
     atomic_bool cancel;
     req_state state;
     int32_t last_token;
-    int64_t n_generated;
-    char *text;                      /* this step's text */
-    size_t text_len, text_cap;
-    lm_token_logprob top[LM_MAX_TOP_LOGPROBS];
-    lm_stats stats;
-    double t_start, t_first;
 };
 
 /* ---- contexts ---- */
@@ -172,38 +156,9 @@ const char *lm_finish_reason_str(lm_finish_reason r) {
 }
 
 static void req_release(lm_request *r) {
-    lm_sampler_free(r->sampler);
-    lm_stop_matcher_free(r->stop);
-    lm_detok_stream_free(r->detok);
-    if (r->has_built && r->factory.release) r->factory.release(r->factory.factory_user, &r->built);
+    lm_gen_free(&r->gen);
     free(r->prompt);
-    free(r->text);
     free(r);
-}
-
-static lm_status validate(const lm_context *ctx, const int32_t *prompt, size_t n_prompt, const lm_generate_params *p) {
-    int32_t n_vocab = (int32_t)ctx->model->m->hp.n_vocab;
-    if (n_prompt == 0) return lm_error(LM_ERR_INVALID_ARG, "the prompt is empty: give at least one token");
-    if (!prompt) return lm_error(LM_ERR_INVALID_ARG, "lm_request_start: prompt is NULL");
-    for (size_t i = 0; i < n_prompt; i++)
-        if (prompt[i] < 0 || prompt[i] >= n_vocab)
-            return lm_error(LM_ERR_INVALID_ARG, "prompt token %zu is %d, outside the vocabulary [0, %d)", i, prompt[i],
-                            n_vocab);
-    if (n_prompt >= (size_t)ctx->n_ctx)
-        return lm_error(LM_ERR_LIMIT,
-                        "the prompt has %zu tokens and the context holds %d: no room to generate; shorten the prompt "
-                        "or raise n_ctx",
-                        n_prompt, ctx->n_ctx);
-    if (p->max_tokens < -1)
-        return lm_error(LM_ERR_INVALID_ARG, "max_tokens = %d: must be >= -1 (-1 = until the context is full)",
-                        p->max_tokens);
-    if (p->top_logprobs < 0 || p->top_logprobs > LM_MAX_TOP_LOGPROBS)
-        return lm_error(LM_ERR_INVALID_ARG, "top_logprobs = %d: must be in [0, %d]", p->top_logprobs,
-                        LM_MAX_TOP_LOGPROBS);
-    if (p->n_stop && !p->stop) return lm_error(LM_ERR_INVALID_ARG, "stop is NULL with n_stop = %zu", p->n_stop);
-    for (size_t i = 0; i < p->n_stop; i++)
-        if (!p->stop[i] || !p->stop[i][0]) return lm_error(LM_ERR_INVALID_ARG, "stop string %zu is empty", i);
-    return lm_sampling_params_validate(&p->sampling, (size_t)n_vocab);
 }
 
 lm_status lm_request_start(lm_context *ctx, const int32_t *prompt, size_t n_prompt, const lm_generate_params *params,
@@ -214,133 +169,40 @@ lm_status lm_request_start(lm_context *ctx, const int32_t *prompt, size_t n_prom
     const lm_generate_params *p = params ? params : &defaults;
     if (ctx->active)
         return lm_error(LM_ERR_INVALID_ARG, "the context already runs a request: free it before starting another");
-    lm_status st = validate(ctx, prompt, n_prompt, p);
+    lm_status st = lm_gen_validate(prompt, n_prompt, p, (size_t)ctx->model->m->hp.n_vocab, ctx->n_ctx,
+                                   "lm_request_start", "the context", "n_ctx");
     if (st) return st;
     lm_request *r = calloc(1, sizeof *r);
     if (!r) return lm_error(LM_ERR_NO_MEMORY, "out of memory");
-    r->t_start = lm_now_s();
     r->ctx = ctx;
     r->n_prompt = n_prompt;
-    r->max_tokens = p->max_tokens;
-    r->ignore_eos = p->ignore_eos;
-    r->want_logprobs = p->logprobs;
-    r->n_top = p->top_logprobs;
-    r->factory = p->processor_factory;
-    r->tok_vocab = lm_tokenizer_n_vocab(ctx->model->tok);
     r->last_token = -1;
     atomic_init(&r->cancel, false);
-    r->stats.n_prompt_tokens = (int64_t)n_prompt;
-    r->stats.kv_cache_bytes = ctx->kv_bytes;
-    r->text_cap = 256;
-    r->text = malloc(r->text_cap);
     r->prompt = malloc(sizeof(int32_t) * n_prompt);
-    if (!r->text || !r->prompt) {
+    if (!r->prompt) {
         req_release(r);
         return lm_error(LM_ERR_NO_MEMORY, "out of memory");
     }
-    r->text[0] = '\0';
     memcpy(r->prompt, prompt, sizeof(int32_t) * n_prompt);
-
-    /* the processors: the caller's, then the one the factory builds */
-    lm_sampling_params sp = p->sampling;
-    lm_logits_processor *procs = NULL;
-    if (r->factory.build) {
-        st = r->factory.build(r->factory.factory_user, ctx->model, &r->built);
-        if (st) {
-            req_release(r);
-            return lm_error_prefix(st, "logits processor factory");
-        }
-        r->has_built = true;
-        if (!r->built.fn) {
-            req_release(r);
-            return lm_error(LM_ERR_INVALID_ARG, "the logits processor factory built a processor without a function");
-        }
-        procs = malloc(sizeof *procs * (sp.n_processors + 1));
-        if (!procs) {
-            req_release(r);
-            return lm_error(LM_ERR_NO_MEMORY, "out of memory");
-        }
-        if (sp.n_processors) memcpy(procs, sp.processors, sizeof *procs * sp.n_processors);
-        procs[sp.n_processors] = r->built;
-        sp.processors = procs;
-        sp.n_processors++;
-    }
-    size_t n_vocab = (size_t)ctx->model->m->hp.n_vocab;
-    st = lm_sampler_create(&sp, n_vocab, &r->sampler);
-    free(procs); /* the sampler copied the array */
-    if (!st) st = lm_sampler_accept_prompt(r->sampler, prompt, n_prompt);
-    if (!st) st = lm_stop_matcher_create(p->stop, NULL, p->n_stop, &r->stop);
-    if (!st) st = lm_detok_stream_create(ctx->model->tok, false, false, &r->detok);
-    if (st) {
+    if ((st = lm_gen_init(&r->gen, ctx->model, p, NULL, prompt, n_prompt))) {
         req_release(r);
         return st;
     }
-    /* SentencePiece vocabularies drop the first piece's leading space, which is right
-     * for a whole text but not for a continuation: start the stream with the last
-     * prompt token (its text is the prompt's, not ours) */
-    if (lm_tokenizer_add_space_prefix(ctx->model->tok) && (uint32_t)prompt[n_prompt - 1] < r->tok_vocab) {
-        const char *t;
-        size_t n;
-        lm_detok_stream_push(r->detok, prompt[n_prompt - 1], &t, &n);
-    }
-    r->state = r->max_tokens == 0 ? REQ_READY : REQ_PROMPT;
+    r->gen.stats.kv_cache_bytes = ctx->kv_bytes;
+    r->state = p->max_tokens == 0 ? REQ_READY : REQ_PROMPT;
     ctx->active = r;
     *out = r;
     return LM_OK;
 }
 
-static lm_status text_append(lm_request *r, const char *s, size_t n) {
-    if (r->text_len + n + 1 > r->text_cap) {
-        size_t cap = r->text_cap;
-        while (cap < r->text_len + n + 1) cap *= 2;
-        char *t = realloc(r->text, cap);
-        if (!t) return lm_error(LM_ERR_NO_MEMORY, "out of memory for generated text");
-        r->text = t;
-        r->text_cap = cap;
-    }
-    if (n) memcpy(r->text + r->text_len, s, n);
-    r->text_len += n;
-    r->text[r->text_len] = '\0';
-    return LM_OK;
-}
-
-/* Feeds decoded text to the stop matcher; *stopped when a stop string completed. */
-static lm_status emit(lm_request *r, const char *s, size_t n, bool *stopped) {
-    lm_stop_output o;
-    lm_status st = lm_stop_matcher_feed(r->stop, s, n, &o);
-    if (!st) st = text_append(r, o.text, o.len);
-    *stopped = o.stop_index >= 0;
-    return st;
-}
-
-/* The end of the stream: releases what the detokenizer and the matcher hold. A stop
- * string completed by the held text still wins. Returns the final reason. */
-static lm_status flush(lm_request *r, lm_finish_reason want, lm_finish_reason *got) {
-    const char *t;
-    size_t n;
-    bool stopped = false;
-    *got = want;
-    lm_status st = lm_detok_stream_finish(r->detok, &t, &n);
-    if (!st) st = emit(r, t, n, &stopped);
-    if (st) return st;
-    if (stopped) {
-        *got = LM_FINISH_STOP;
-        return LM_OK;
-    }
-    lm_stop_output o;
-    st = lm_stop_matcher_finish(r->stop, &o);
-    if (!st) st = text_append(r, o.text, o.len);
-    return st;
-}
-
 static void finish(lm_request *r, lm_finish_reason why, lm_step *step) {
     r->state = REQ_DONE;
     step->finish = why;
-    r->stats.finish = why;
-    double now = lm_now_s();
-    r->stats.total_s = now - r->t_start;
-    r->stats.peak_rss_bytes = lm_peak_rss_bytes();
-    lm_stats_update_rates(&r->stats);
+    lm_stats *s = &r->gen.stats;
+    s->finish = why;
+    s->total_s = lm_now_s() - r->gen.t_start;
+    s->peak_rss_bytes = lm_peak_rss_bytes();
+    lm_stats_update_rates(s);
     if (r->ctx && r->ctx->active == r) r->ctx->active = NULL;
 }
 
@@ -358,7 +220,7 @@ static lm_status compute_prompt(lm_request *r, bool *cancelled) {
     while (common < ctx->n_tokens && common < limit && ctx->tokens[common] == r->prompt[common]) common++;
     lm_kv_cache_truncate(ctx->kv, 0, common);
     ctx->n_tokens = common;
-    r->stats.n_cached_tokens = common;
+    r->gen.stats.n_cached_tokens = common;
     double t0 = lm_now_s();
     for (int64_t i = common; i < (int64_t)r->n_prompt; i += PREFILL_CHUNK) {
         if (atomic_load(&r->cancel)) {
@@ -369,7 +231,7 @@ static lm_status compute_prompt(lm_request *r, bool *cancelled) {
         lm_status st = ctx_feed(ctx, r->prompt + i, n);
         if (st) return lm_error_prefix(st, "computing the prompt");
     }
-    r->stats.prompt_s = lm_now_s() - t0;
+    r->gen.stats.prompt_s = lm_now_s() - t0;
     return LM_OK;
 }
 
@@ -377,14 +239,12 @@ lm_status lm_request_next(lm_request *r, lm_step *step) {
     if (!r || !step) return lm_error(LM_ERR_INVALID_ARG, "lm_request_next: NULL argument");
     *step = (lm_step){.token = -1, .text = "", .finish = LM_FINISH_NONE};
     if (r->state == REQ_DONE) {
-        step->finish = r->stats.finish;
+        step->finish = r->gen.stats.finish;
         return LM_OK;
     }
     lm_context *ctx = r->ctx;
     if (!ctx) return fail(r, lm_error(LM_ERR_INVALID_ARG, "the request's context was freed"), step);
-    r->text_len = 0;
-    r->text[0] = '\0';
-    step->text = r->text;
+    lm_gen *g = &r->gen;
     lm_finish_reason why;
     lm_status st;
 
@@ -396,53 +256,25 @@ lm_status lm_request_next(lm_request *r, lm_step *step) {
         if ((st = ctx_feed(ctx, &r->last_token, 1))) return fail(r, lm_error_prefix(st, "generating"), step);
         r->state = REQ_READY;
     }
-    if (cancelled || (r->max_tokens >= 0 && r->n_generated >= r->max_tokens)) {
-        why = cancelled ? LM_FINISH_CANCELLED : LM_FINISH_LENGTH;
-        if ((st = flush(r, why, &why))) return fail(r, st, step);
-        step->text_len = r->text_len;
+    if (cancelled || (g->max_tokens >= 0 && g->n_generated >= g->max_tokens)) {
+        st = lm_gen_end(g, cancelled ? LM_FINISH_CANCELLED : LM_FINISH_LENGTH, &why);
+        step->text = g->text;
+        if (st) return fail(r, st, step);
+        step->text_len = g->text_len;
         finish(r, why, step);
         return LM_OK;
     }
-
-    size_t n_vocab = (size_t)ctx->model->m->hp.n_vocab;
-    int32_t tok;
-    if ((st = lm_sampler_sample(r->sampler, ctx->logits, n_vocab, &tok))) return fail(r, st, step);
-    if (r->want_logprobs || r->n_top) {
-        size_t n_top = 0;
-        st = lm_logprobs(ctx->logits, n_vocab, tok, &step->logprob, (size_t)r->n_top, r->top, &n_top);
-        if (st) return fail(r, st, step);
-        step->top_logprobs = r->top;
-        step->n_top_logprobs = n_top;
-        if (!r->want_logprobs) step->logprob = 0.0f;
+    st = lm_gen_sample(g, ctx->logits, ctx->n_tokens >= ctx->n_ctx, &why);
+    step->text = g->text;
+    if (st) return fail(r, st, step);
+    r->last_token = g->token;
+    step->token = g->token;
+    step->text_len = g->text_len;
+    step->logprob = g->logprob;
+    if (g->want_logprobs || g->n_top) {
+        step->top_logprobs = g->top;
+        step->n_top_logprobs = g->n_top_out;
     }
-    double now = lm_now_s();
-    if (r->n_generated == 0) {
-        r->t_first = now;
-        r->stats.ttft_s = now - r->t_start;
-    }
-    r->n_generated++;
-    r->stats.n_generated_tokens = r->n_generated;
-    r->stats.generation_s = now - r->t_first;
-    r->last_token = tok;
-    step->token = tok;
-
-    why = LM_FINISH_NONE;
-    bool stopped = false;
-    if (!r->ignore_eos && lm_tokenizer_is_eog(ctx->model->tok, tok)) {
-        why = LM_FINISH_EOS;
-    } else {
-        const char *piece = "";
-        size_t len = 0;
-        if ((uint32_t)tok < r->tok_vocab && (st = lm_detok_stream_push(r->detok, tok, &piece, &len)))
-            return fail(r, st, step);
-        if ((st = emit(r, piece, len, &stopped))) return fail(r, st, step);
-        if (stopped)
-            why = LM_FINISH_STOP;
-        else if ((r->max_tokens >= 0 && r->n_generated >= r->max_tokens) || ctx->n_tokens >= ctx->n_ctx)
-            why = LM_FINISH_LENGTH;
-    }
-    if (why != LM_FINISH_NONE && why != LM_FINISH_STOP && (st = flush(r, why, &why))) return fail(r, st, step);
-    step->text_len = r->text_len;
     if (why != LM_FINISH_NONE) {
         finish(r, why, step);
     } else {
@@ -457,9 +289,9 @@ void lm_request_cancel(lm_request *r) {
 
 lm_status lm_request_stats(const lm_request *r, lm_stats *stats) {
     if (!r || !stats) return lm_error(LM_ERR_INVALID_ARG, "lm_request_stats: NULL argument");
-    *stats = r->stats;
+    *stats = r->gen.stats;
     if (r->state != REQ_DONE) {
-        stats->total_s = lm_now_s() - r->t_start;
+        stats->total_s = lm_now_s() - r->gen.t_start;
         stats->peak_rss_bytes = lm_peak_rss_bytes();
         lm_stats_update_rates(stats);
     }

@@ -28,12 +28,11 @@
 #include <sys/resource.h>
 
 #include "api/api_internal.h"
+#include "api/gen_step.h"
 #include "core/error.h"
 #include "kv/kv_cache.h"
 #include "kv/prefix_cache.h"
 #include "model/forward.h"
-#include "sampling/sampling.h"
-#include "sampling/stop.h"
 #include "tokenizer/tokenizer.h"
 
 #define ERR_CAP 512
@@ -75,38 +74,23 @@ struct lm_engine_request {
     atomic_bool cancel;
     struct lm_engine_request *next_in; /* incoming list */
 
-    /* set at start, then the worker's */
+    /* set at start, then the worker's (gen.t_start never changes) */
     int32_t *tokens; /* prompt, then the generated tokens fed back */
     int64_t n_prompt, n_tokens, bound; /* bound: most tokens the sequence may hold */
-    int32_t max_tokens;
-    bool ignore_eos, want_logprobs;
-    int32_t n_top;
-    lm_sampler *sampler;
-    lm_stop_matcher *stop;
-    lm_detok_stream *detok;
-    lm_logits_processor_factory factories[2];
-    lm_logits_processor built[2];
-    int n_built;
-    uint32_t tok_vocab;
+    lm_gen gen;      /* sampling, detokenizing, stop strings, statistics */
 
     /* the worker's */
     rstate state;
     int32_t seq;
     int64_t n_computed; /* positions with K/V                              */
     int64_t budget, n_new; /* worst-case blocks to take from the pool; taken */
-    int64_t n_generated;
     int32_t last_token;
     int64_t pending;    /* tokens of this request in the current batch      */
-    char *text;
-    size_t text_len, text_cap;
-    double t_first;
-    lm_stats ws;        /* the worker's copy; published into `stats`       */
 
     /* published under e->mu */
     step_rec *q_head, *q_tail;
     bool final_queued;
-    lm_stats stats;
-    double t_start;
+    lm_stats stats;     /* gen.stats as of the last publication */
     char err[ERR_CAP];
 
     /* the caller's */
@@ -266,63 +250,8 @@ static lm_status render_tokens(const lm_model *m, const lm_chat_message *msgs, s
 
 /* ---- the worker: KV and requests ---- */
 
-static lm_status text_append(lm_engine_request *r, const char *s, size_t n) {
-    if (r->text_len + n + 1 > r->text_cap) {
-        size_t cap = r->text_cap ? r->text_cap : 64;
-        while (cap < r->text_len + n + 1) cap *= 2;
-        char *t = realloc(r->text, cap);
-        if (!t) return lm_error(LM_ERR_NO_MEMORY, "out of memory for generated text");
-        r->text = t;
-        r->text_cap = cap;
-    }
-    if (n) memcpy(r->text + r->text_len, s, n);
-    r->text_len += n;
-    r->text[r->text_len] = '\0';
-    return LM_OK;
-}
-
-static lm_status emit(lm_engine_request *r, const char *s, size_t n, bool *stopped) {
-    lm_stop_output o;
-    lm_status st = lm_stop_matcher_feed(r->stop, s, n, &o);
-    if (!st) st = text_append(r, o.text, o.len);
-    *stopped = !st && o.stop_index >= 0;
-    return st;
-}
-
-/* Releases what the detokenizer and the stop matcher hold (a stop string completed
- * by it still wins). */
-static lm_status flush(lm_engine_request *r, lm_finish_reason want, lm_finish_reason *got) {
-    const char *t;
-    size_t n;
-    bool stopped = false;
-    *got = want;
-    lm_status st = lm_detok_stream_finish(r->detok, &t, &n);
-    if (!st) st = emit(r, t, n, &stopped);
-    if (st) return st;
-    if (stopped) {
-        *got = LM_FINISH_STOP;
-        return LM_OK;
-    }
-    lm_stop_output o;
-    st = lm_stop_matcher_finish(r->stop, &o);
-    if (!st) st = text_append(r, o.text, o.len);
-    return st;
-}
-
-static void release_sampling(lm_engine_request *r) {
-    lm_sampler_free(r->sampler);
-    lm_stop_matcher_free(r->stop);
-    lm_detok_stream_free(r->detok);
-    r->sampler = NULL;
-    r->stop = NULL;
-    r->detok = NULL;
-    for (int i = 0; i < r->n_built; i++)
-        if (r->factories[i].release) r->factories[i].release(r->factories[i].factory_user, &r->built[i]);
-    r->n_built = 0;
-}
-
 static void request_destroy(lm_engine_request *r) {
-    release_sampling(r);
+    lm_gen_free(&r->gen);
     step_rec *s = r->q_head;
     while (s) {
         step_rec *n = s->next;
@@ -331,16 +260,17 @@ static void request_destroy(lm_engine_request *r) {
     }
     free(r->cur);
     free(r->tokens);
-    free(r->text);
     free(r);
 }
 
 /* Drops a reference under e->mu; *destroy when it was the last. */
 static bool request_unref_locked(lm_engine_request *r) { return --r->refs == 0; }
 
+/* A step record with the text of the generation's last step. */
 static step_rec *make_step(lm_engine_request *r, int32_t token, float logprob, const lm_token_logprob *top,
                            size_t n_top, lm_finish_reason finish, lm_status status) {
-    step_rec *s = malloc(sizeof *s + r->text_len + 1);
+    const lm_gen *g = &r->gen;
+    step_rec *s = malloc(sizeof *s + g->text_len + 1);
     if (!s) return NULL;
     s->next = NULL;
     s->token = token;
@@ -349,9 +279,9 @@ static step_rec *make_step(lm_engine_request *r, int32_t token, float logprob, c
     s->status = status;
     s->n_top = n_top;
     if (n_top) memcpy(s->top, top, sizeof *top * n_top);
-    s->text_len = r->text_len;
-    if (r->text_len) memcpy(s->text, r->text, r->text_len);
-    s->text[r->text_len] = '\0';
+    s->text_len = g->text_len;
+    if (g->text_len) memcpy(s->text, g->text, g->text_len);
+    s->text[g->text_len] = '\0';
     return s;
 }
 
@@ -399,25 +329,16 @@ static void release_seq(lm_engine *e, lm_engine_request *r, bool keep) {
 /* Ends a request on the worker: releases text still held (unless failed), its KV
  * and its sampler, and queues the final step. */
 static void finish_request(lm_engine *e, lm_engine_request *r, lm_finish_reason why, lm_status status,
-                           const char *err, pubs *ps, bool text_started) {
-    if (!text_started) {
-        r->text_len = 0;
-        if (r->text) r->text[0] = '\0';
+                           const char *err, pubs *ps) {
+    lm_gen *g = &r->gen;
+    if (!status && (status = lm_gen_end(g, why, &why))) err = lm_last_error();
+    if (status) {
+        why = LM_FINISH_ERROR;
+        g->text_len = 0; /* the previous step's text went out with it */
+        g->text[0] = '\0';
     }
-    if (!status && r->detok) {
-        lm_finish_reason got;
-        lm_status fst = flush(r, why, &got);
-        if (fst) {
-            status = fst;
-            err = lm_last_error();
-            why = LM_FINISH_ERROR;
-        } else {
-            why = got;
-        }
-    }
-    if (status) why = LM_FINISH_ERROR;
     release_seq(e, r, status == LM_OK);
-    release_sampling(r);
+    lm_gen_release(g);
     r->state = R_DONE;
     step_rec *s = make_step(r, -1, 0.0f, NULL, 0, why, status);
     pubs_add(ps, r, s, true, status ? err : NULL);
@@ -450,7 +371,7 @@ static bool admit(lm_engine *e, lm_engine_request *r, int64_t outstanding) {
     r->budget = need;
     r->n_new = 0;
     r->state = R_PREFILL;
-    r->ws.n_cached_tokens = m;
+    r->gen.stats.n_cached_tokens = m;
     return true;
 }
 
@@ -465,77 +386,26 @@ static lm_status make_room(lm_engine *e, lm_engine_request *r, int64_t target) {
     return LM_OK;
 }
 
-/* Samples the next token from `logits` and works out the step (as generate.c
- * does for a standalone request). */
+/* Samples the request's next token from `logits` and publishes the step. */
 static void sample_step(lm_engine *e, lm_engine_request *r, const float *logits, pubs *ps) {
-    r->text_len = 0;
-    if (r->text) r->text[0] = '\0';
-    if (!r->text && text_append(r, "", 0)) {
-        finish_request(e, r, LM_FINISH_ERROR, LM_ERR_NO_MEMORY, lm_last_error(), ps, false);
-        return;
-    }
-    size_t n_vocab = (size_t)e->n_vocab;
-    int32_t tok;
-    lm_status st = lm_sampler_sample(r->sampler, logits, n_vocab, &tok);
-    float logprob = 0.0f;
-    lm_token_logprob top[LM_MAX_TOP_LOGPROBS];
-    size_t n_top = 0;
-    if (!st && (r->want_logprobs || r->n_top)) {
-        st = lm_logprobs(logits, n_vocab, tok, &logprob, (size_t)r->n_top, top, &n_top);
-        if (!r->want_logprobs) logprob = 0.0f;
-    }
+    lm_gen *g = &r->gen;
+    lm_finish_reason why;
+    lm_status st = lm_gen_sample(g, logits, r->n_computed >= r->bound, &why);
     if (st) {
-        finish_request(e, r, LM_FINISH_ERROR, st, lm_last_error(), ps, false);
+        finish_request(e, r, LM_FINISH_ERROR, st, lm_last_error(), ps);
         return;
     }
-    double now = lm_now_s();
-    if (r->n_generated == 0) {
-        r->t_first = now;
-        r->ws.ttft_s = now - r->t_start;
-    }
-    r->n_generated++;
-    r->ws.n_generated_tokens = r->n_generated;
-    r->ws.generation_s = now - r->t_first;
-    r->last_token = tok;
-    lm_finish_reason why = LM_FINISH_NONE;
-    bool stopped = false;
-    if (!r->ignore_eos && lm_tokenizer_is_eog(e->model->tok, tok)) {
-        why = LM_FINISH_EOS;
+    r->last_token = g->token;
+    bool last = why != LM_FINISH_NONE;
+    if (last) {
+        release_seq(e, r, true);
+        lm_gen_release(g);
+        r->state = R_DONE;
     } else {
-        const char *piece = "";
-        size_t len = 0;
-        if ((uint32_t)tok < r->tok_vocab) st = lm_detok_stream_push(r->detok, tok, &piece, &len);
-        if (!st) st = emit(r, piece, len, &stopped);
-        if (st) {
-            finish_request(e, r, LM_FINISH_ERROR, st, lm_last_error(), ps, false);
-            return;
-        }
-        if (stopped)
-            why = LM_FINISH_STOP;
-        else if ((r->max_tokens >= 0 && r->n_generated >= r->max_tokens) || r->n_computed >= r->bound)
-            why = LM_FINISH_LENGTH;
-    }
-    step_rec *s;
-    if (why == LM_FINISH_NONE) {
-        s = make_step(r, tok, logprob, top, n_top, LM_FINISH_NONE, LM_OK);
-        pubs_add(ps, r, s, false, NULL);
         r->state = R_DECODE;
-        return;
     }
-    /* the last step carries the token and everything still held back */
-    if (why != LM_FINISH_STOP && r->detok) {
-        lm_finish_reason got;
-        if ((st = flush(r, why, &got))) {
-            finish_request(e, r, LM_FINISH_ERROR, st, lm_last_error(), ps, false);
-            return;
-        }
-        why = got;
-    }
-    release_seq(e, r, true);
-    release_sampling(r);
-    r->state = R_DONE;
-    s = make_step(r, tok, logprob, top, n_top, why, LM_OK);
-    pubs_add(ps, r, s, true, NULL);
+    step_rec *s = make_step(r, g->token, g->logprob, g->top, g->n_top_out, why, LM_OK);
+    pubs_add(ps, r, s, last, NULL);
 }
 
 static void remove_running(lm_engine *e, int32_t i) {
@@ -570,7 +440,7 @@ static void publish(lm_engine *e, pubs *ps) {
         pub *p = &ps->a[i];
         lm_engine_request *r = p->r;
         lm_finish_reason fin = r->stats.finish;
-        r->stats = r->ws;
+        r->stats = r->gen.stats;
         r->stats.finish = fin;
         if (p->s) {
             if (r->q_tail)
@@ -584,7 +454,7 @@ static void publish(lm_engine *e, pubs *ps) {
             if (p->err[0]) memcpy(r->err, p->err, ERR_CAP);
             if (p->s) r->stats.finish = p->s->finish;
             else r->stats.finish = LM_FINISH_ERROR;
-            r->stats.total_s = lm_now_s() - r->t_start;
+            r->stats.total_s = lm_now_s() - r->gen.t_start;
             lm_stats_update_rates(&r->stats);
             e->st.n_finished++;
             p->last = request_unref_locked(r); /* now: whether to destroy it */
@@ -719,7 +589,7 @@ static void step(lm_engine *e, pubs *ps) {
         lm_engine_request *r = e->running[i];
         if (r->state != R_DECODE) continue;
         if (make_room(e, r, r->n_computed + 1)) {
-            finish_request(e, r, LM_FINISH_ERROR, LM_ERR_NO_MEMORY, lm_last_error(), ps, false);
+            finish_request(e, r, LM_FINISH_ERROR, LM_ERR_NO_MEMORY, lm_last_error(), ps);
             continue;
         }
         e->b_tok[n] = r->last_token;
@@ -741,7 +611,7 @@ static void step(lm_engine *e, pubs *ps) {
         int64_t k = r->n_prompt - r->n_computed;
         if (k > budget) k = budget;
         if (make_room(e, r, r->n_computed + k)) {
-            finish_request(e, r, LM_FINISH_ERROR, LM_ERR_NO_MEMORY, lm_last_error(), ps, false);
+            finish_request(e, r, LM_FINISH_ERROR, LM_ERR_NO_MEMORY, lm_last_error(), ps);
             continue;
         }
         for (int64_t j = 0; j < k; j++) {
@@ -774,14 +644,14 @@ static void step(lm_engine *e, pubs *ps) {
             lm_engine_request *r = e->running[i];
             r->pending = 0;
             if (r->state == R_PREFILL || r->state == R_DECODE)
-                finish_request(e, r, LM_FINISH_ERROR, st, msg, ps, false);
+                finish_request(e, r, LM_FINISH_ERROR, st, msg, ps);
         }
         return;
     }
     /* advance every sequence in the batch */
     for (int32_t i = 0; i < e->n_running; i++) {
         lm_engine_request *r = e->running[i];
-        if (r->pending && r->state == R_PREFILL) r->ws.prompt_s += dt;
+        if (r->pending && r->state == R_PREFILL) r->gen.stats.prompt_s += dt;
         r->n_computed += r->pending;
         r->pending = 0;
     }
@@ -853,8 +723,7 @@ static void *worker(void *arg) {
         for (int64_t i = 0; i < e->n_waiting;) {
             lm_engine_request *r = e->waiting[i];
             if (closing || st || atomic_load(&r->cancel)) {
-                finish_request(e, r, st ? LM_FINISH_ERROR : LM_FINISH_CANCELLED, st, st ? e->load_err : NULL, &ps,
-                               false);
+                finish_request(e, r, st ? LM_FINISH_ERROR : LM_FINISH_CANCELLED, st, st ? e->load_err : NULL, &ps);
                 memmove(e->waiting + i, e->waiting + i + 1, sizeof *e->waiting * (size_t)(e->n_waiting - i - 1));
                 e->n_waiting--;
             } else {
@@ -863,7 +732,7 @@ static void *worker(void *arg) {
         }
         for (int32_t i = 0; i < e->n_running; i++) {
             lm_engine_request *r = e->running[i];
-            if (closing || atomic_load(&r->cancel)) finish_request(e, r, LM_FINISH_CANCELLED, LM_OK, NULL, &ps, false);
+            if (closing || atomic_load(&r->cancel)) finish_request(e, r, LM_FINISH_CANCELLED, LM_OK, NULL, &ps);
         }
         for (int32_t i = 0; i < e->n_running;)
             if (e->running[i]->state == R_DONE)
@@ -1063,34 +932,12 @@ void lm_future_free(lm_future *f) {
 
 /* ---- requests ---- */
 
-static lm_status validate_gen(const lm_engine *e, const int32_t *prompt, size_t n_prompt, const lm_generate_params *p) {
-    if (n_prompt == 0) return lm_error(LM_ERR_INVALID_ARG, "the prompt is empty: give at least one token");
-    if (!prompt) return lm_error(LM_ERR_INVALID_ARG, "lm_engine_request_start: prompt is NULL");
-    for (size_t i = 0; i < n_prompt; i++)
-        if (prompt[i] < 0 || prompt[i] >= e->n_vocab)
-            return lm_error(LM_ERR_INVALID_ARG, "prompt token %zu is %d, outside the vocabulary [0, %lld)", i,
-                            prompt[i], (long long)e->n_vocab);
-    if (n_prompt >= (size_t)e->p.max_kv_size)
-        return lm_error(LM_ERR_LIMIT,
-                        "the prompt has %zu tokens and a sequence holds %d (max_kv_size): no room to generate",
-                        n_prompt, e->p.max_kv_size);
-    if (p->max_tokens < -1)
-        return lm_error(LM_ERR_INVALID_ARG, "max_tokens = %d: must be >= -1 (-1 = until the context is full)",
-                        p->max_tokens);
-    if (p->top_logprobs < 0 || p->top_logprobs > LM_MAX_TOP_LOGPROBS)
-        return lm_error(LM_ERR_INVALID_ARG, "top_logprobs = %d: must be in [0, %d]", p->top_logprobs,
-                        LM_MAX_TOP_LOGPROBS);
-    if (p->n_stop && !p->stop) return lm_error(LM_ERR_INVALID_ARG, "stop is NULL with n_stop = %zu", p->n_stop);
-    for (size_t i = 0; i < p->n_stop; i++)
-        if (!p->stop[i] || !p->stop[i][0]) return lm_error(LM_ERR_INVALID_ARG, "stop string %zu is empty", i);
-    return lm_sampling_params_validate(&p->sampling, (size_t)e->n_vocab);
-}
-
 /* Builds a request (caller's thread); the worker gets it through `incoming`. */
 static lm_status request_create(lm_engine *e, const int32_t *prompt, size_t n_prompt, const lm_generate_params *p,
                                 lm_engine_request **out) {
     *out = NULL;
-    lm_status st = validate_gen(e, prompt, n_prompt, p);
+    lm_status st = lm_gen_validate(prompt, n_prompt, p, (size_t)e->n_vocab, e->p.max_kv_size,
+                                   "lm_engine_request_start", "a sequence", "max_kv_size");
     if (st) return st;
     int64_t bound = p->max_tokens < 0 ? e->p.max_kv_size : (int64_t)n_prompt + p->max_tokens;
     if (bound > e->p.max_kv_size) bound = e->p.max_kv_size;
@@ -1106,69 +953,24 @@ static lm_status request_create(lm_engine *e, const int32_t *prompt, size_t n_pr
     r->e = e;
     r->refs = 2;
     atomic_init(&r->cancel, false);
-    r->t_start = lm_now_s();
     r->seq = -1;
     r->bound = bound;
     r->n_prompt = (int64_t)n_prompt;
     r->n_tokens = (int64_t)n_prompt;
-    r->max_tokens = p->max_tokens;
-    r->ignore_eos = p->ignore_eos;
-    r->want_logprobs = p->logprobs;
-    r->n_top = p->top_logprobs;
-    r->tok_vocab = lm_tokenizer_n_vocab(e->model->tok);
     r->last_token = -1;
-    r->stats.n_prompt_tokens = (int64_t)n_prompt;
-    r->stats.kv_cache_bytes = e->st.kv_bytes;
-    r->ws = r->stats;
     r->tokens = malloc(sizeof(int32_t) * (size_t)(bound + 1));
     if (!r->tokens) {
         request_destroy(r);
         return lm_error(LM_ERR_NO_MEMORY, "out of memory");
     }
     memcpy(r->tokens, prompt, sizeof(int32_t) * n_prompt);
-
     /* processors: the request's own, then the request's factory's, then the engine's */
-    lm_sampling_params sp = p->sampling;
-    lm_logits_processor_factory fs[2] = {p->processor_factory, e->p.processor_factory};
-    lm_logits_processor *procs = malloc(sizeof *procs * (sp.n_processors + 2));
-    if (!procs) {
-        request_destroy(r);
-        return lm_error(LM_ERR_NO_MEMORY, "out of memory");
-    }
-    if (sp.n_processors) memcpy(procs, sp.processors, sizeof *procs * sp.n_processors);
-    size_t np = sp.n_processors;
-    for (int i = 0; i < 2; i++) {
-        if (!fs[i].build) continue;
-        lm_logits_processor built = {0};
-        st = fs[i].build(fs[i].factory_user, e->model, &built);
-        if (st) {
-            st = lm_error_prefix(st, "logits processor factory");
-            break;
-        }
-        r->factories[r->n_built] = fs[i];
-        r->built[r->n_built++] = built;
-        if (!built.fn) {
-            st = lm_error(LM_ERR_INVALID_ARG, "the logits processor factory built a processor without a function");
-            break;
-        }
-        procs[np++] = built;
-    }
-    sp.processors = procs;
-    sp.n_processors = np;
-    if (!st) st = lm_sampler_create(&sp, (size_t)e->n_vocab, &r->sampler);
-    free(procs);
-    if (!st) st = lm_sampler_accept_prompt(r->sampler, prompt, n_prompt);
-    if (!st) st = lm_stop_matcher_create(p->stop, NULL, p->n_stop, &r->stop);
-    if (!st) st = lm_detok_stream_create(e->model->tok, false, false, &r->detok);
-    if (st) {
+    if ((st = lm_gen_init(&r->gen, e->model, p, &e->p.processor_factory, prompt, n_prompt))) {
         request_destroy(r);
         return st;
     }
-    if (lm_tokenizer_add_space_prefix(e->model->tok) && (uint32_t)prompt[n_prompt - 1] < r->tok_vocab) {
-        const char *t;
-        size_t n;
-        lm_detok_stream_push(r->detok, prompt[n_prompt - 1], &t, &n);
-    }
+    r->gen.stats.kv_cache_bytes = e->st.kv_bytes;
+    r->stats = r->gen.stats;
     *out = r;
     return LM_OK;
 }
@@ -1184,7 +986,7 @@ static lm_status request_enqueue(lm_engine *e, lm_engine_request *r) {
     e->refs++;
     e->st.n_requests++;
     e->st.n_prompt_tokens += r->n_prompt;
-    if (r->max_tokens == 0) {
+    if (r->gen.max_tokens == 0) {
         /* nothing to compute: the one step is final */
         step_rec *s = make_step(r, -1, 0.0f, NULL, 0, LM_FINISH_LENGTH, LM_OK);
         r->q_head = r->q_tail = s;
@@ -1193,7 +995,7 @@ static lm_status request_enqueue(lm_engine *e, lm_engine_request *r) {
         r->stats.finish = LM_FINISH_LENGTH;
         e->st.n_finished++;
         pthread_mutex_unlock(&e->mu);
-        release_sampling(r);
+        lm_gen_release(&r->gen);
         return LM_OK;
     }
     r->next_in = NULL;
@@ -1292,7 +1094,7 @@ lm_status lm_engine_request_stats(lm_engine_request *r, lm_stats *stats) {
     *stats = r->stats;
     bool done = r->final_queued;
     pthread_mutex_unlock(&r->e->mu);
-    if (!done) stats->total_s = lm_now_s() - r->t_start;
+    if (!done) stats->total_s = lm_now_s() - r->gen.t_start;
     stats->peak_rss_bytes = lm_peak_rss_bytes();
     lm_stats_update_rates(stats);
     return LM_OK;
