@@ -15,7 +15,7 @@ static const struct {
     {"run", cmd_run, "generate text from a prompt (streamed; sampling options; --json)"},
     {"chat", cmd_chat, "chat interactively with a model (multi-turn; /reset, /exit)"},
     {"tokenize", cmd_tokenize, "show the token ids and pieces of a text"},
-    {"convert", cmd_convert, "rewrite a GGUF with unquantized (f32/f16) weights"},
+    {"convert", cmd_convert, "write a GGUF as a Hugging Face folder (bf16 safetensors, tokenizer.json, config.json)"},
     {"bench", cmd_bench, "measure prompt-processing and generation speed"},
     {"adapter", cmd_adapter, "compress, restore and identify LoRA adapters (encode|decode|digest|dtype)"},
     {"fuse", cmd_fuse, "merge a LoRA adapter into a base model, cached in the Hugging Face layout"},

@@ -176,6 +176,8 @@ static int regexes_for(lm_pre_kind kind, const char **re) {
     return n;
 }
 
+int lm_pretok_kind_regexes(lm_pre_kind kind, const char **re) { return regexes_for(kind, re); }
+
 void lm_pretok_free(lm_pretok *p) {
     if (!p) return;
     for (int i = 0; i < p->n; i++) pcre2_code_free(p->re[i]);

@@ -114,6 +114,9 @@ bool lm_pretok_kind_of(const lm_strview *re, uint32_t n, lm_pre_kind *kind);
 /* lumen's spelling of a pre-tokenizer regex as tokenizer.json writes it (the GPT-2,
  * Llama 3, Qwen2, Qwen3.5 patterns), NULL if it is not one of those. */
 const char *lm_pretok_known_pattern(const char *hf, size_t len);
+/* The regexes of a kind as lumen spells them (PCRE2), at most LM_PRE_MAX_REGEX, in
+ * order; returns how many (for writing the pre-tokenizer into a tokenizer.json). */
+int lm_pretok_kind_regexes(lm_pre_kind kind, const char **re);
 void lm_pretok_free(lm_pretok *p);
 /* Splits text[0..len) into words (spans, in order, covering all of the text). */
 lm_status lm_pretok_split(const lm_pretok *p, const char *text, size_t len, lm_spanvec *out);
