@@ -26,6 +26,17 @@ typedef struct lm_attn_batch {
     const int32_t *seq; /* [n_tokens] sequence id of each token              */
 } lm_attn_batch;
 
+/* The steps between the Q/K/V products and attention, for the fused op below. */
+typedef struct lm_qkv_finish {
+    float *q, *k, *v;             /* [n][n_head * head_dim], [n][n_head_kv * head_dim] x 2 */
+    const float *bq, *bk, *bv;    /* biases, or NULL                                       */
+    const float *q_norm, *k_norm; /* per-head RMS norm weights [head_dim], or NULL          */
+    float eps;
+    int64_t n_head, n_head_kv, head_dim, n_rot;
+    float theta, freq_scale;
+    lm_rope_mode mode;
+} lm_qkv_finish;
+
 typedef struct lm_backend_ops {
     const char *name;
     void (*destroy)(lm_backend *b);
@@ -91,6 +102,12 @@ typedef struct lm_backend_ops {
      * (seq, pos); the slots must be reserved. */
     void (*kv_store)(lm_backend *b, struct lm_kv_cache *kv, int64_t layer, const lm_attn_batch *batch,
                      const float *k, const float *v);
+
+    /* Optional fused form (NULL: the forward pass calls the ops one by one) of:
+     * add_bias of q, k, v; rms_norm of each q and k head; rope of q and k; kv_store
+     * of k and v — in one launch instead of seven. Bit-identical to those ops. */
+    void (*qkv_finish)(lm_backend *b, struct lm_kv_cache *kv, int64_t layer, const lm_attn_batch *batch,
+                       const lm_qkv_finish *p);
 
     /* Causal attention of q [n][n_head * head_dim] over the cached keys/values of each
      * token's sequence at positions <= its own (and > pos - window when window > 0);

@@ -29,12 +29,16 @@ __device__ __forceinline__ void token_range(const int32_t *meta, int t, int64_t 
     *n_split = (*pos - *lo + 1 + ATT_SPLIT - 1) / ATT_SPLIT;
 }
 
-template <bool F16>
+/* q·k over one key row; HD > 0: the head size known at compile time, so the loads
+ * of the row are unrolled and in flight together (a runtime loop issued them one
+ * after another: decode attention was bound by that latency). */
+template <bool F16, int HD>
 __device__ __forceinline__ float dot_key(const float *qs, const void *K, int64_t off, int hd) {
     float s = 0.0f;
     if (F16) {
         const uint4 *kr = (const uint4 *)((const __half *)K + off);
-        for (int c = 0; c < hd / 8; c++) {
+#pragma unroll
+        for (int c = 0; c < (HD ? HD / 8 : hd / 8); c++) {
             uint4 u = kr[c];
             uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
@@ -46,7 +50,8 @@ __device__ __forceinline__ float dot_key(const float *qs, const void *K, int64_t
         }
     } else {
         const float4 *kr = (const float4 *)((const float *)K + off);
-        for (int c = 0; c < hd / 4; c++) {
+#pragma unroll
+        for (int c = 0; c < (HD ? HD / 4 : hd / 4); c++) {
             float4 f = kr[c];
             s = fmaf(qs[4 * c], f.x, s);
             s = fmaf(qs[4 * c + 1], f.y, s);
@@ -58,6 +63,11 @@ __device__ __forceinline__ float dot_key(const float *qs, const void *K, int64_t
 }
 
 template <bool F16>
+__device__ __forceinline__ float load_v(const void *V, int64_t i) {
+    return F16 ? __half2float(((const __half *)V)[i]) : ((const float *)V)[i];
+}
+
+template <bool F16, int HD>
 __global__ void __launch_bounds__(ATT_WARPS * 32)
     attn_kernel(const int32_t *__restrict__ meta, int n, int n_head, int group, int hd, int64_t d_kv, int bs,
                 const void *__restrict__ K, const void *__restrict__ V, const float *__restrict__ q, int64_t window,
@@ -79,16 +89,17 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
     for (int d = lane; d < hd; d += 32) qs[d] = F16 ? __half2float(__float2half_rn(qrow[d])) : qrow[d];
     __syncwarp();
 
-    float m = -INFINITY, l = 0.0f, acc[ATT_DPL];
+    constexpr int DPL = HD ? HD / 32 : ATT_DPL; /* output dims per lane */
+    float m = -INFINITY, l = 0.0f, acc[DPL];
 #pragma unroll
-    for (int i = 0; i < ATT_DPL; i++) acc[i] = 0.0f;
+    for (int i = 0; i < DPL; i++) acc[i] = 0.0f;
     const int64_t head_off = (int64_t)hk * hd;
     for (int p0 = pb; p0 <= pe; p0 += 32) {
         const int p = p0 + lane;
         const bool valid = p <= pe;
         int64_t slot = valid ? (int64_t)table[p / bs] * bs + p % bs : 0;
         float s = -INFINITY;
-        if (valid) s = __fmul_rn(scale, dot_key<F16>(qs, K, slot * d_kv + head_off, hd));
+        if (valid) s = __fmul_rn(scale, dot_key<F16, HD>(qs, K, slot * d_kv + head_off, hd));
         float tmax = s;
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, off));
@@ -100,19 +111,36 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
         for (int off = 16; off > 0; off >>= 1) esum += __shfl_xor_sync(0xffffffffu, esum, off);
         l = l * corr + esum;
 #pragma unroll
-        for (int i = 0; i < ATT_DPL; i++) acc[i] *= corr;
+        for (int i = 0; i < DPL; i++) acc[i] *= corr;
         const int nv = min(32, pe - p0 + 1);
-        for (int j = 0; j < nv; j++) {
-            const float wj = __shfl_sync(0xffffffffu, e, j);
-            const int64_t sj = __shfl_sync(0xffffffffu, slot, j);
-            const int64_t voff = sj * d_kv + head_off;
+        /* value rows four at a time: their loads issued together, then the
+         * multiply-adds in position order (the same sums as one row at a time) */
+        int j = 0;
+        for (; j + 4 <= nv; j += 4) {
+            float wj[4], vv[4][DPL];
 #pragma unroll
-            for (int i = 0; i < ATT_DPL; i++) {
-                const int d = lane + 32 * i;
-                if (d < hd) {
-                    float v = F16 ? __half2float(((const __half *)V)[voff + d]) : ((const float *)V)[voff + d];
-                    acc[i] = fmaf(wj, v, acc[i]);
+            for (int u = 0; u < 4; u++) {
+                wj[u] = __shfl_sync(0xffffffffu, e, j + u);
+                const int64_t voff = __shfl_sync(0xffffffffu, slot, j + u) * d_kv + head_off;
+#pragma unroll
+                for (int i = 0; i < DPL; i++) {
+                    const int d = lane + 32 * i;
+                    vv[u][i] = (HD || d < hd) ? load_v<F16>(V, voff + d) : 0.0f;
                 }
+            }
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+#pragma unroll
+                for (int i = 0; i < DPL; i++)
+                    if (HD || lane + 32 * i < hd) acc[i] = fmaf(wj[u], vv[u][i], acc[i]);
+        }
+        for (; j < nv; j++) {
+            const float wj = __shfl_sync(0xffffffffu, e, j);
+            const int64_t voff = __shfl_sync(0xffffffffu, slot, j) * d_kv + head_off;
+#pragma unroll
+            for (int i = 0; i < DPL; i++) {
+                const int d = lane + 32 * i;
+                if (HD || d < hd) acc[i] = fmaf(wj, load_v<F16>(V, voff + d), acc[i]);
             }
         }
         m = m_new;
@@ -120,13 +148,13 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
     if (n_split == 1) {
         float *o = out + item * hd;
 #pragma unroll
-        for (int i = 0; i < ATT_DPL; i++)
+        for (int i = 0; i < DPL; i++)
             if (lane + 32 * i < hd) o[lane + 32 * i] = acc[i] / l;
     } else {
         float *pp = part + ((size_t)item * max_splits + split) * (size_t)(hd + 2);
         if (lane == 0) pp[0] = m, pp[1] = l;
 #pragma unroll
-        for (int i = 0; i < ATT_DPL; i++)
+        for (int i = 0; i < DPL; i++)
             if (lane + 32 * i < hd) pp[2 + lane + 32 * i] = acc[i];
     }
 }
@@ -206,14 +234,18 @@ extern "C" lm_status lm_cuda_attention(lm_backend *b, const lm_kv_cache *kv, int
     const int64_t items = n * n_head;
     dim3 grid((unsigned)((items + ATT_WARPS - 1) / ATT_WARPS), (unsigned)max_splits);
     const int group = (int)(n_head / n_head_kv);
-    if (kv->type == LM_DTYPE_F16)
-        attn_kernel<true><<<grid, ATT_WARPS * 32, 0, cu->stream>>>(meta, (int)n, (int)n_head, group, (int)head_dim,
-                                                                    d_kv, (int)kv->block_size, K, V, q, window, scale,
-                                                                    max_splits, out, part);
-    else
-        attn_kernel<false><<<grid, ATT_WARPS * 32, 0, cu->stream>>>(meta, (int)n, (int)n_head, group, (int)head_dim,
-                                                                     d_kv, (int)kv->block_size, K, V, q, window,
-                                                                     scale, max_splits, out, part);
+    const bool f16 = kv->type == LM_DTYPE_F16;
+#define LM_ATTN(F, H)                                                                                                  \
+    attn_kernel<F, H><<<grid, ATT_WARPS * 32, 0, cu->stream>>>(meta, (int)n, (int)n_head, group, (int)head_dim, d_kv, \
+                                                             (int)kv->block_size, K, V, q, window, scale, max_splits,  \
+                                                             out, part)
+    switch (head_dim) { /* the real models' head sizes unrolled; others at run time */
+    case 64: f16 ? LM_ATTN(true, 64) : LM_ATTN(false, 64); break;
+    case 128: f16 ? LM_ATTN(true, 128) : LM_ATTN(false, 128); break;
+    case 256: f16 ? LM_ATTN(true, 256) : LM_ATTN(false, 256); break;
+    default: f16 ? LM_ATTN(true, 0) : LM_ATTN(false, 0); break;
+    }
+#undef LM_ATTN
     if (!lm_cuda_launched(cu, "attn_kernel")) return in_pass ? LM_OK : lm_cuda_take_error(cu);
     if (max_splits > 1) {
         attn_combine_kernel<<<grid.x, ATT_WARPS * 32, 0, cu->stream>>>(meta, (int)n, (int)n_head, (int)head_dim,

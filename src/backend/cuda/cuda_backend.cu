@@ -541,6 +541,9 @@ static void init_ops(void) {
     o->swiglu = lm_cuda_swiglu;
     o->geglu = lm_cuda_geglu;
     o->kv_store = lm_cuda_kv_store;
+    /* LUMEN_CUDA_FUSED=0: the separate ops (the fused op's A/B switch and its test) */
+    const char *fused = getenv("LUMEN_CUDA_FUSED");
+    o->qkv_finish = fused && strcmp(fused, "0") == 0 ? NULL : lm_cuda_qkv_finish;
     o->attention = lm_cuda_attention;
     o->pass_begin = lm_cuda_pass_begin;
     o->pass_end = lm_cuda_pass_end;

@@ -142,6 +142,31 @@ const void *lm_cuda_meta_upload(lm_cuda_backend *cu, int kind, const void *host,
  * [pos: n][table offset: n][block tables of the batch's sequences]. */
 const int32_t *lm_cuda_attn_meta(lm_cuda_backend *cu, const lm_kv_cache *kv, const lm_attn_batch *batch);
 
+/* Sum of x[j]^2 for j < d, in double, by a whole block of THREADS threads; `part`
+ * is shared memory for THREADS / 32 doubles. One summation order for every caller,
+ * so a fused kernel normalizes bit-identically to rms_norm. */
+template <int THREADS>
+__device__ __forceinline__ double lm_cuda_block_sum_sq(const float *x, int64_t d, double *part) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    double sum = 0.0;
+    for (int64_t j = threadIdx.x; j < d; j += THREADS) sum += (double)x[j] * (double)x[j];
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    if (lane == 0) part[warp] = sum;
+    __syncthreads();
+    double total = 0.0;
+#pragma unroll
+    for (int i = 0; i < THREADS / 32; i++) total += part[i];
+    __syncthreads(); /* part may be reused right away */
+    return total;
+}
+
+/* The RoPE angle of rotated pair i at position pos, as the CPU reference computes it. */
+__device__ __forceinline__ double lm_cuda_rope_angle(int32_t pos, float freq_scale, float theta, int64_t i,
+                                                     int64_t n_rot) {
+    return (double)pos * (double)freq_scale * pow((double)theta, -2.0 * (double)i / (double)n_rot);
+}
+
 /* Blocks for a grid-stride loop over n items with `threads` per block. */
 static inline unsigned lm_cuda_blocks(int64_t n, int threads) {
     int64_t b = (n + threads - 1) / threads;
@@ -171,6 +196,8 @@ void lm_cuda_swiglu(lm_backend *b, const float *gate, const float *up, int64_t n
 void lm_cuda_geglu(lm_backend *b, const float *gate, const float *up, int64_t n, float *out);
 void lm_cuda_kv_store(lm_backend *b, struct lm_kv_cache *kv, int64_t layer, const lm_attn_batch *batch,
                       const float *k, const float *v);
+void lm_cuda_qkv_finish(lm_backend *b, lm_kv_cache *kv, int64_t layer, const lm_attn_batch *batch,
+                        const lm_qkv_finish *p);
 lm_status lm_cuda_pass_begin(lm_backend *b, uint64_t key, const struct lm_kv_cache *kv, const lm_attn_batch *batch);
 lm_status lm_cuda_pass_end(lm_backend *b);
 void lm_cuda_graphs_free(lm_cuda_backend *cu);

@@ -11,18 +11,9 @@ enum { NORM_THREADS = 256, NORM_WARPS = NORM_THREADS / 32 };
 __global__ void __launch_bounds__(NORM_THREADS)
     rms_norm_kernel(const float *x, const float *__restrict__ w, int64_t d, float eps, float *y) {
     __shared__ double part[NORM_WARPS];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const float *xr = x + (int64_t)blockIdx.x * d;
     float *yr = y + (int64_t)blockIdx.x * d;
-    double sum = 0.0;
-    for (int64_t j = threadIdx.x; j < d; j += NORM_THREADS) sum += (double)xr[j] * (double)xr[j];
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-    if (lane == 0) part[warp] = sum;
-    __syncthreads();
-    double total = 0.0;
-#pragma unroll
-    for (int i = 0; i < NORM_WARPS; i++) total += part[i];
+    const double total = lm_cuda_block_sum_sq<NORM_THREADS>(xr, d, part);
     const float inv = (float)(1.0 / sqrt(total / (double)d + (double)eps));
     for (int64_t j = threadIdx.x; j < d; j += NORM_THREADS) {
         float v = __fmul_rn(xr[j], inv);

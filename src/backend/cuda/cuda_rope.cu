@@ -7,9 +7,8 @@
 __global__ void rope_kernel(float *x, const int32_t *__restrict__ pos, int64_t n_head, int64_t head_dim,
                             int64_t n_rot, float theta, float freq_scale, int neox) {
     const int64_t t = blockIdx.x, half = n_rot / 2;
-    const double p = (double)pos[t] * (double)freq_scale;
     for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
-        double angle = p * pow((double)theta, -2.0 * (double)i / (double)n_rot);
+        double angle = lm_cuda_rope_angle(pos[t], freq_scale, theta, i, n_rot);
         float c = (float)cos(angle), s = (float)sin(angle);
         int64_t i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
         for (int64_t h = 0; h < n_head; h++) {
