@@ -69,6 +69,15 @@ static int rm_entry(const char *path, const struct stat *sb, int flag, struct FT
 
 static void rm_tree(const char *path) { nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
 
+static lm_status mkdir_one(const char *dir) {
+    struct stat sb;
+    if (mkdir(dir, 0755) == 0) return LM_OK;
+    int err = errno;
+    if (err == EEXIST && stat(dir, &sb) == 0 && !S_ISDIR(sb.st_mode)) err = ENOTDIR;
+    else if (err == EEXIST) return LM_OK;
+    return lm_error(LM_ERR_IO, "cannot create folder %s: %s", dir, strerror(err));
+}
+
 static lm_status mkdir_p(const char *path) {
     char buf[PATH_CAP];
     if ((size_t)snprintf(buf, sizeof buf, "%s", path) >= sizeof buf)
@@ -76,13 +85,11 @@ static lm_status mkdir_p(const char *path) {
     for (char *q = buf + 1; *q; q++) {
         if (*q != '/') continue;
         *q = '\0';
-        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-            return lm_error(LM_ERR_IO, "cannot create folder %s: %s", buf, strerror(errno));
+        lm_status st = mkdir_one(buf);
+        if (st) return st;
         *q = '/';
     }
-    if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-        return lm_error(LM_ERR_IO, "cannot create folder %s: %s", buf, strerror(errno));
-    return LM_OK;
+    return mkdir_one(buf);
 }
 
 static lm_status sync_close(FILE *f, const char *path) {

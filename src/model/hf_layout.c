@@ -2,6 +2,7 @@
 #include "model/hf_layout.h"
 
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -166,8 +167,11 @@ lm_status lm_hf_config_json(const lm_hparams *hp, const lm_hf_config_info *info,
             cJSON_AddItemToArray(types, cJSON_CreateString(lm_hparams_layer_is_swa(hp, il) ? "sliding_attention"
                                                                                            : "full_attention"));
         cJSON_AddNumberToObject(c, "rope_local_base_freq", lm_hf_short_float(hp->rope_theta_local));
-        cJSON_AddNumberToObject(c, "query_pre_attn_scalar",
-                                lm_hf_short_float(1.0f / (hp->attn_scale * hp->attn_scale)));
+        /* the scalar is an integer in practice (head_dim, or hidden / heads): say so
+         * exactly, so reading it back gives the same attn_scale */
+        double qpas = 1.0 / ((double)hp->attn_scale * (double)hp->attn_scale);
+        if (fabs(qpas - round(qpas)) < 1e-4 * qpas) qpas = round(qpas);
+        cJSON_AddNumberToObject(c, "query_pre_attn_scalar", qpas);
         cJSON_AddNullToObject(c, "final_logit_softcapping");
         cJSON_AddNullToObject(c, "attn_logit_softcapping");
     }
