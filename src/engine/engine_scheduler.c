@@ -1,0 +1,187 @@
+/* The scheduler (on the worker): admission of waiting requests by worst-case KV
+ * blocks, room in the pool for what a sequence computes next, and one step of
+ * continuous batching: a token of every decoding request, then prompt chunks up
+ * to max_batch_tokens, one forward pass, sampling where logits were asked for. */
+#include "engine/engine_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "model/forward.h"
+
+/* Worst-case blocks of a request that reuses `cached` tokens. */
+int64_t lm_eng_worst_blocks(const lm_kv_cache *kv, int64_t bound, int64_t cached) {
+    int64_t bs = kv->block_size;
+    return (bound + bs - 1) / bs - cached / bs;
+}
+
+/* Tries to give the request a sequence: shares the cached prefix, checks the pool
+ * can hold the rest at worst. false (nothing changed) when it must wait. */
+static bool admit(lm_engine *e, lm_engine_request *r, int64_t outstanding) {
+    if (e->n_free_slots == 0) return false;
+    int32_t seq = e->free_slots[e->n_free_slots - 1];
+    int64_t nb = 0;
+    int64_t m = lm_prefix_cache_match(e->pc, r->tokens, r->n_prompt, r->n_prompt - 1, e->match_blocks, &nb);
+    if (lm_kv_cache_attach(e->kv, seq, e->match_blocks, nb, m)) return false;
+    int64_t need = lm_eng_worst_blocks(e->kv, r->bound, m);
+    int64_t avail = e->kv->n_free + lm_prefix_cache_evictable(e->pc) - outstanding;
+    if (need > avail) {
+        lm_kv_cache_truncate(e->kv, seq, 0);
+        return false;
+    }
+    lm_prefix_cache_record(e->pc, r->n_prompt, m);
+    e->n_free_slots--;
+    r->seq = seq;
+    r->n_computed = m;
+    r->budget = need;
+    r->n_new = 0;
+    r->state = R_PREFILL;
+    r->gen.stats.n_cached_tokens = m;
+    return true;
+}
+
+/* Makes room for positions [n_computed, target) of the request's sequence. */
+static lm_status make_room(lm_engine *e, lm_engine_request *r, int64_t target) {
+    int64_t need = lm_kv_cache_blocks_needed(e->kv, r->seq, target);
+    if (need > e->kv->n_free) lm_prefix_cache_evict(e->pc, need);
+    lm_status st = lm_kv_cache_cow(e->kv, r->seq, r->n_computed);
+    if (!st) st = lm_kv_cache_reserve(e->kv, r->seq, target);
+    if (st) return lm_error_prefix(st, "KV cache");
+    r->n_new += need;
+    return LM_OK;
+}
+
+/* Hands the request's sequence back: its blocks go to the prefix cache (all the
+ * positions computed, the partial last block included) and to the pool. */
+void lm_eng_release_seq(lm_engine *e, lm_engine_request *r, bool keep) {
+    if (r->seq < 0) return;
+    if (keep && r->n_computed > 0)
+        lm_prefix_cache_insert(e->pc, r->tokens, r->n_computed, e->kv->seqs[r->seq].blocks, true);
+    lm_kv_cache_truncate(e->kv, r->seq, 0);
+    lm_prefix_cache_trim(e->pc);
+    e->free_slots[e->n_free_slots++] = r->seq;
+    r->seq = -1;
+}
+
+static void remove_running(lm_engine *e, int32_t i) {
+    memmove(e->running + i, e->running + i + 1, sizeof *e->running * (size_t)(e->n_running - i - 1));
+    e->n_running--;
+}
+
+/* One scheduler step over the running requests. */
+static void step(lm_engine *e, pubs *ps) {
+    int64_t n = 0, n_out = 0;
+    int32_t n_decode = 0;
+    lm_engine_request *with_logits[4096];
+    int64_t budget = e->p.max_batch_tokens;
+    /* decodes first: one token each */
+    for (int32_t i = 0; i < e->n_running; i++) {
+        lm_engine_request *r = e->running[i];
+        if (r->state != R_DECODE) continue;
+        if (make_room(e, r, r->n_computed + 1)) {
+            lm_eng_finish_request(e, r, LM_FINISH_ERROR, LM_ERR_NO_MEMORY, lm_last_error(), ps);
+            continue;
+        }
+        e->b_tok[n] = r->last_token;
+        e->b_pos[n] = (int32_t)r->n_computed;
+        e->b_seq[n] = r->seq;
+        e->b_want[n] = 1;
+        r->tokens[r->n_tokens++] = r->last_token;
+        r->pending = 1;
+        n++;
+        with_logits[n_out++] = r;
+        n_decode++;
+    }
+    budget = budget > n_decode ? budget - n_decode : 0;
+    if (n_decode == 0 && budget == 0) budget = 1;
+    /* then prompt chunks, oldest first */
+    for (int32_t i = 0; i < e->n_running && budget > 0; i++) {
+        lm_engine_request *r = e->running[i];
+        if (r->state != R_PREFILL) continue;
+        int64_t k = r->n_prompt - r->n_computed;
+        if (k > budget) k = budget;
+        if (make_room(e, r, r->n_computed + k)) {
+            lm_eng_finish_request(e, r, LM_FINISH_ERROR, LM_ERR_NO_MEMORY, lm_last_error(), ps);
+            continue;
+        }
+        for (int64_t j = 0; j < k; j++) {
+            e->b_tok[n] = r->tokens[r->n_computed + j];
+            e->b_pos[n] = (int32_t)(r->n_computed + j);
+            e->b_seq[n] = r->seq;
+            e->b_want[n] = 0;
+            n++;
+        }
+        budget -= k;
+        r->pending = k;
+        if (r->n_computed + k == r->n_prompt) {
+            e->b_want[n - 1] = 1;
+            with_logits[n_out++] = r;
+        }
+    }
+    /* requests that failed above are done: drop them from the batch list */
+    if (n == 0) return;
+    lm_batch batch = {n, e->b_tok, e->b_pos, e->b_seq, e->b_want};
+    double t0 = lm_now_s();
+    pthread_mutex_lock(&e->model->forward_lock);
+    lm_status st = lm_forward(e->model->m, e->kv, &batch, e->logits);
+    pthread_mutex_unlock(&e->model->forward_lock);
+    double dt = lm_now_s() - t0;
+    int64_t n_prefill = n - n_decode;
+    if (st) {
+        char msg[ERR_CAP];
+        lm_eng_set_err(msg, lm_last_error());
+        for (int32_t i = 0; i < e->n_running; i++) {
+            lm_engine_request *r = e->running[i];
+            r->pending = 0;
+            if (r->state == R_PREFILL || r->state == R_DECODE)
+                lm_eng_finish_request(e, r, LM_FINISH_ERROR, st, msg, ps);
+        }
+        return;
+    }
+    /* advance every sequence in the batch */
+    for (int32_t i = 0; i < e->n_running; i++) {
+        lm_engine_request *r = e->running[i];
+        if (r->pending && r->state == R_PREFILL) r->gen.stats.prompt_s += dt;
+        r->n_computed += r->pending;
+        r->pending = 0;
+    }
+    for (int64_t i = 0; i < n_out; i++) {
+        lm_engine_request *r = with_logits[i];
+        if (r->state == R_PREFILL) /* the prompt is in: share its full blocks */
+            lm_prefix_cache_insert(e->pc, r->tokens, r->n_computed, e->kv->seqs[r->seq].blocks, false);
+        lm_eng_sample_step(e, r, e->logits + (size_t)i * (size_t)e->n_vocab, ps);
+    }
+    pthread_mutex_lock(&e->mu);
+    e->st.n_steps++;
+    e->st.n_prefill_tokens += n_prefill;
+    e->st.n_decode_tokens += n_decode;
+    e->st.n_generated_tokens += n_out;
+    e->step_tokens_sum += (double)n;
+    e->occupancy_sum += (double)e->n_running / (double)e->p.batch_size;
+    pthread_mutex_unlock(&e->mu);
+}
+
+void lm_eng_drop_done(lm_engine *e) {
+    for (int32_t i = 0; i < e->n_running;)
+        if (e->running[i]->state == R_DONE)
+            remove_running(e, i);
+        else
+            i++;
+}
+
+void lm_eng_schedule(lm_engine *e, pubs *ps) {
+    /* admission, in arrival order */
+    int64_t outstanding = 0;
+    for (int32_t i = 0; i < e->n_running; i++) outstanding += e->running[i]->budget - e->running[i]->n_new;
+    while (e->n_waiting > 0 && e->n_running < e->p.batch_size) {
+        lm_engine_request *r = e->waiting[0];
+        if (!admit(e, r, outstanding)) break;
+        outstanding += r->budget;
+        e->running[e->n_running++] = r;
+        memmove(e->waiting, e->waiting + 1, sizeof *e->waiting * (size_t)(e->n_waiting - 1));
+        e->n_waiting--;
+    }
+    if (e->n_running > 0) step(e, ps);
+    lm_eng_drop_done(e);
+}
