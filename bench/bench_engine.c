@@ -11,7 +11,7 @@
  *     time to first token of turn 10 against a cold prefill of the same prompt on a
  *     fresh engine.
  *
- * usage: bench_engine [--model NAME] [--threads N] [--n N] [--baseline-n N]
+ * usage: bench_engine [--model NAME] [--backend cpu|cuda] [--threads N] [--n N] [--baseline-n N]
  *                     [--batch N] [--only a|b]
  *   defaults: smollm2-135m, 2 threads, 512 conversations, baseline 64, batch 32 */
 #include <stdio.h>
@@ -29,11 +29,13 @@ static double now_s(void) {
 }
 
 static const char *k_model = "smollm2-135m";
+static const char *k_backend = "cpu";
 static int k_threads = 2, k_n = 512, k_baseline_n = 64, k_batch = 32;
 
 static lm_engine *open_engine(const lm_chat_message *prefix, size_t n_prefix, int batch, int n_ctx) {
     lm_engine_params p = lm_engine_default_params();
     p.model.n_threads = k_threads;
+    p.model.backend = k_backend;
     p.model.n_ctx = n_ctx;
     p.batch_size = batch;
     p.max_batch_tokens = 256;
@@ -123,6 +125,7 @@ static void bench_a(void) {
     /* the baseline: the standalone generator, one at a time, no reuse */
     lm_model_params mp = lm_model_default_params();
     mp.n_threads = k_threads;
+    mp.backend = k_backend;
     mp.n_ctx = 1024;
     lm_model *m = NULL;
     lm_context *ctx = NULL;
@@ -247,13 +250,14 @@ int main(int argc, char **argv) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--model") && v) k_model = argv[++i];
         else if (!strcmp(a, "--threads") && v) k_threads = atoi(argv[++i]);
+        else if (!strcmp(a, "--backend") && v) k_backend = argv[++i];
         else if (!strcmp(a, "--n") && v) k_n = atoi(argv[++i]);
         else if (!strcmp(a, "--baseline-n") && v) k_baseline_n = atoi(argv[++i]);
         else if (!strcmp(a, "--batch") && v) k_batch = atoi(argv[++i]);
         else if (!strcmp(a, "--only") && v) only = argv[++i];
         else {
             fprintf(stderr,
-                    "usage: bench_engine [--model NAME (smollm2-135m)] [--threads N (2)] [--n N (512)]\n"
+                    "usage: bench_engine [--model NAME (smollm2-135m)] [--backend cpu|cuda] [--threads N (2)] [--n N (512)]\n"
                     "                    [--baseline-n N (64)] [--batch N (32)] [--only a|b]\n");
             return 2;
         }

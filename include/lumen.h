@@ -76,8 +76,9 @@ typedef enum lm_kv_type {
 } lm_kv_type;
 
 typedef struct lm_model_params {
-    const char *backend;   /* "cpu" (the only one in this build; "cuda" is       default "cpu"
-                              LM_ERR_UNSUPPORTED until the CUDA backend lands)
+    const char *backend;   /* "cpu" or "cuda" (GPU 0); "cuda" is                 default "cpu"
+                              LM_ERR_UNSUPPORTED, naming what is missing, in a
+                              build without CUDA or where there is no GPU;
                               NULL or "" mean "cpu"                                           */
     int32_t n_threads;     /* >= 0; 0 = the number of online CPUs                default 0   */
     int32_t n_ctx;         /* >= 0; the context length (tokens) of contexts made default 0
@@ -510,10 +511,14 @@ typedef struct lm_engine_stats {
     int64_t n_prefix_tokens;    /* tokens of the prefix messages (computed once)         */
     int64_t n_prompt_tokens;    /* prompt tokens of all requests                         */
     int64_t n_cached_tokens;    /* of those, reused from the prefix cache                */
-    int64_t n_prefill_tokens;   /* prompt tokens computed (the prefix's included)         */
+    int64_t n_prefill_tokens;   /* prompt tokens computed (the prefix's included, and
+                                   those recomputed after a preemption)                   */
     int64_t n_decode_tokens;    /* generated tokens fed back to the model                */
     int64_t n_generated_tokens; /* tokens sampled                                        */
     int64_t n_steps;            /* forward passes                                        */
+    int64_t n_preemptions;      /* running requests whose KV blocks were taken back for
+                                   older ones (each recomputes what it had: the tokens
+                                   are recounted in n_prefill_tokens)                   */
     double mean_batch_tokens;   /* tokens per forward pass                               */
     double batch_occupancy;     /* mean running sequences per step / batch_size           */
     int64_t cache_lookups, cache_hits, cache_misses, cache_evictions;

@@ -143,9 +143,11 @@ int main(int argc, char **argv) {
     lm_model_params mp = lm_model_default_params();
     mp.n_threads = getenv("LUMEN_TEST_THREADS") ? atoi(getenv("LUMEN_TEST_THREADS")) : 2;
     mp.n_ctx = 1024;
+    /* LUMEN_TEST_BACKEND=cuda: the same checks on the GPU (skipped where there is none) */
+    mp.backend = getenv("LUMEN_TEST_BACKEND") ? getenv("LUMEN_TEST_BACKEND") : "cpu";
     lm_model *model = NULL;
     lm_status st = lm_model_load(argv[1], mp, &model);
-    if (st == LM_ERR_NOT_FOUND) {
+    if (st == LM_ERR_NOT_FOUND || (st == LM_ERR_UNSUPPORTED && strcmp(mp.backend, "cpu") != 0)) {
         printf("SKIPPED: %s (run `lumen pull %s`)\n", lm_last_error(), argv[1]);
         cJSON_Delete(golden);
         return LM_TEST_SKIP;

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The real SmolLM2-135M-Instruct (Q4_1, 98 MB) on the GPU machine: golden logits
+# against llama.cpp on the CUDA backend, and the engine benchmarks (issue 5) there.
+#
+# The model is larger than what one call may carry (64 MiB), so it travels in two
+# halves over two calls made back to back on the same warm machine (prepared here
+# with `split -b 49181216 MODEL .m1/a .m2/b`-style halves: see docs/BENCHMARKS.md):
+#   run(command="mkdir -p /tmp/lumen-m && cp .m1/a /tmp/lumen-m/a", carry=[".m1"])
+#   run(command="bash bench/cuda_smollm2_run.sh", carry=[".deps", ".m2"])
+# This script joins the halves, checks the SHA-256 the pull recorded, installs the
+# file where `lumen pull` would, builds with CUDA, then runs
+#  1. golden_models smollm2-135m (Q4_1 as published, and exactly dequantized to F32)
+#     with LUMEN_TEST_BACKEND=cuda: the CUDA backend's logits against llama.cpp's;
+#  2. golden_generate smollm2-135m on CUDA: greedy continuations through the API;
+#  3. bench_engine --backend cuda: (a) 512 conversations sharing a prefix, max_tokens
+#     1, against one at a time; (b) time to first token of turn 10 of a chat.
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+OUT="${OUT:-$ROOT/cuda-run-out}"
+BUILD="${LUMEN_CUDA_BUILD:-/tmp/lumen-build-cuda}"
+mkdir -p "$OUT" "$BUILD"
+DIR="$HOME/.cache/lumen/models/smollm2-135m"
+FILE="$DIR/SmolLM2-135M-Instruct.Q4_1.gguf"
+mkdir -p "$DIR"
+if [ ! -f "$FILE" ]; then
+  [ -f /tmp/lumen-m/a ] && [ -f "$ROOT/.m2/b" ] || { echo "missing a half of the model (see the header)"; exit 2; }
+  cat /tmp/lumen-m/a "$ROOT/.m2/b" > "$FILE.tmp"
+  if [ "$(sha256sum "$FILE.tmp" | cut -c1-64)" != "$(cat "$ROOT/.m2/sha")" ]; then
+    echo "SHA-256 mismatch: the halves do not make the pulled file"; rm -f "$FILE.tmp"; exit 2
+  fi
+  mv "$FILE.tmp" "$FILE" && cp "$ROOT/.m2/.verified" "$DIR/.verified"
+fi
+echo "model: $(ls -la "$FILE")"
+. "$ROOT/bench/cuda_env.sh"
+lumen_cuda_env || exit 2
+t0=$(date +%s)
+cmake -S "$ROOT" -B "$BUILD" -DLUMEN_CUDA=ON -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_BUILD_TYPE=Release > "$OUT/build.log" 2>&1 &&
+  cmake --build "$BUILD" -j"$(nproc)" --target lumen_cli golden_models golden_generate bench_engine >> "$OUT/build.log" 2>&1 ||
+  { grep -E -A4 "error" "$OUT/build.log" | head -40; exit 2; }
+echo "built in $(( $(date +%s) - t0 ))s"
+cd "$ROOT"
+echo "=== golden logits on CUDA (default paths: bf16 activations in products of more than 16 tokens)"
+LUMEN_TEST_BACKEND=cuda timeout 300 "$BUILD/tests/golden_models" smollm2-135m 2>&1 | tee "$OUT/golden.log" | tail -15
+echo "status $?"
+echo "=== golden logits on CUDA, every product on the exact f32 path (LUMEN_CUDA_MV_MAX_N=1e9)"
+LUMEN_CUDA_MV_MAX_N=1000000000 LUMEN_TEST_BACKEND=cuda timeout 300 "$BUILD/tests/golden_models" smollm2-135m 2>&1 | tee "$OUT/golden_exact.log" | tail -15
+echo "=== greedy generation through the API on CUDA"
+LUMEN_TEST_BACKEND=cuda timeout 200 "$BUILD/tests/golden_generate" smollm2-135m 2>&1 | tail -8
+echo "=== engine benchmarks on CUDA"
+timeout 300 "$BUILD/bench_engine" --backend cuda --model smollm2-135m --baseline-n 64 2>&1 | tee "$OUT/engine.log" | tail -30
