@@ -106,7 +106,7 @@ static lm_status cpu_weight_create(lm_backend *b, const lm_tensor *t, lm_weight 
     lm_weight *w = calloc(1, sizeof *w);
     if (!w) return lm_error(LM_ERR_NO_MEMORY, "out of memory");
     w->t = *t;
-    w->q8 = t->type != LM_DTYPE_AFFINE ? lm_q8a_kernels_for(t->type) : (lm_q8a_kernels){NULL, NULL};
+    w->q8 = t->type != LM_DTYPE_AFFINE ? lm_q8a_kernels_for(t->type) : (lm_q8a_kernels){0};
     const char *copy_weights = getenv("LUMEN_CPU_COPY_WEIGHTS");
     if (t->nbytes >= WEIGHT_COPY_MIN && copy_weights && atoi(copy_weights)) {
         /* Decoding streams every weight once per token. From the file mapping (4 KiB

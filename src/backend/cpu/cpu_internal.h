@@ -8,7 +8,13 @@
 
 /* Scratch buffers reused across calls, one per purpose. A backend runs one forward
  * pass at a time (the engine's worker thread), so they need no locking. */
-typedef enum lm_cpu_scratch_slot { LM_SCRATCH_Q8_ACT, LM_SCRATCH_TILES, LM_SCRATCH_ATTN, LM_SCRATCH_COUNT } lm_cpu_scratch_slot;
+typedef enum lm_cpu_scratch_slot {
+    LM_SCRATCH_Q8_ACT,
+    LM_SCRATCH_TILES,
+    LM_SCRATCH_PANEL,
+    LM_SCRATCH_ATTN,
+    LM_SCRATCH_COUNT
+} lm_cpu_scratch_slot;
 
 typedef struct lm_cpu_backend {
     lm_backend base;

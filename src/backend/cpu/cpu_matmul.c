@@ -1,8 +1,5 @@
-/* Matrix products and row gathers over weights in any format.
- *
- * The weight is dequantized a tile of rows at a time into f32 scratch, then every
- * token's activation row is dotted with the tile while it is hot in cache: each
- * weight byte is decoded once per call, however many tokens the batch holds. */
+/* Matrix products and row gathers over weights in any format: each weight byte is
+ * decoded once per call, however many tokens the batch holds. */
 
 #include "backend/cpu/cpu_internal.h"
 #include "backend/cpu/cpu_q8.h"
@@ -11,8 +8,9 @@
 /* Two paths, chosen by weight type alone (never by batch size, so a token's result
  * does not depend on what else is in the batch — DESIGN.md invariant 2):
  *  - formats with an integer kernel: activations quantized to 8 bits once per call,
- *    each weight row read straight from the file and dotted with every token while
- *    it sits in L1;
+ *    then the matrix-vector kernel (few tokens: weights read straight from the file)
+ *    or the tiled one (a panel of rows decoded once, then every token), which give
+ *    the same bits (cpu_q8.h);
  *  - the others (F32/F16/BF16, MLX affine, Q2_K, Q3_K): rows decoded to f32 a tile at
  *    a time, then a register-blocked f32 product. */
 enum { ROW_TILE = 16 };
@@ -40,43 +38,75 @@ static void matmul_worker(void *ctx, int ith, int nth) {
 
 enum { MAX_MANY = 4 };
 
+/* Batches of up to this many tokens take the matrix-vector kernel; larger ones pack
+ * each panel of rows once and run the tiled kernel over all tokens. Both compute the
+ * same arithmetic bit for bit (cpu_q8.h), so the choice never changes a result. */
+enum { GEMV_MAX_TOKENS = 3 };
+
 /* Rows of up to MAX_MANY weights sharing one quantized input, split across threads
- * as one range (weight 0's rows, then weight 1's, ...). */
+ * in units of LM_Q8A_PANEL_ROWS rows (weight 0's units, then weight 1's, ...). */
 typedef struct q8_job {
     const lm_weight *w[MAX_MANY];
     float *y[MAX_MANY];
     int n_w;
     const lm_q8a_block *a; /* [n][cols / 32] */
     int64_t n;
+    bool tiled;
+    uint8_t *panels;       /* [n_threads][panel_stride] when tiled */
+    size_t panel_stride;
 } q8_job;
 
-static void q8_rows(const lm_weight *w, const lm_q8a_block *a, int64_t n, float *y, int64_t r0, int64_t r1) {
+static int64_t units_of(const lm_weight *w) { return (w->t.ne[1] + LM_Q8A_PANEL_ROWS - 1) / LM_Q8A_PANEL_ROWS; }
+
+static void q8_unit(const q8_job *job, const lm_weight *w, float *y, int64_t u, uint8_t *panel) {
     int64_t rows = w->t.ne[1], cols = w->t.ne[0], stride = cols / 32;
     size_t row_bytes = lm_dtype_row_bytes(w->t.type, cols);
-    const uint8_t *base = w->t.data;
-    for (int64_t r = r0; r < r1; r++) {
-        const uint8_t *wr = base + (size_t)r * row_bytes;
-        int64_t t = 0;
-        for (; t + 4 <= n; t += 4) {
-            float out[4];
-            w->q8.dot4(wr, a + t * stride, stride, cols, out);
-            for (int i = 0; i < 4; i++) y[(t + i) * rows + r] = out[i];
-        }
-        for (; t < n; t++) y[t * rows + r] = w->q8.dot(wr, a + t * stride, cols);
+    int64_t r0 = u * LM_Q8A_PANEL_ROWS;
+    int nr = (int)(rows - r0 < LM_Q8A_PANEL_ROWS ? rows - r0 : LM_Q8A_PANEL_ROWS);
+    const uint8_t *wr = (const uint8_t *)w->t.data + (size_t)r0 * row_bytes;
+    if (job->tiled) {
+        w->q8.pack(wr, row_bytes, nr, cols, panel);
+        w->q8.tile(panel, nr, job->a, stride, job->n, cols, y + r0, rows);
+        return;
     }
+    for (int r = 0; r < nr; r += LM_Q8A_GEMV_ROWS)
+        w->q8.gemv(wr + (size_t)r * row_bytes, row_bytes, nr - r < LM_Q8A_GEMV_ROWS ? nr - r : LM_Q8A_GEMV_ROWS,
+                   job->a, stride, job->n, cols, y + r0 + r, rows);
 }
 
 static void q8_worker(void *ctx, int ith, int nth) {
     const q8_job *job = ctx;
     int64_t total = 0, begin, end;
-    for (int i = 0; i < job->n_w; i++) total += job->w[i]->t.ne[1];
+    for (int i = 0; i < job->n_w; i++) total += units_of(job->w[i]);
     lm_split_range(total, ith, nth, &begin, &end);
-    int64_t first = 0; /* global index of weight i's row 0 */
-    for (int i = 0; i < job->n_w && first < end; first += job->w[i]->t.ne[1], i++) {
-        int64_t rows = job->w[i]->t.ne[1];
-        int64_t r0 = begin > first ? begin - first : 0, r1 = end - first < rows ? end - first : rows;
-        if (r0 < r1) q8_rows(job->w[i], job->a, job->n, job->y[i], r0, r1);
+    uint8_t *panel = job->tiled ? job->panels + (size_t)ith * job->panel_stride : NULL;
+    int64_t first = 0; /* global index of weight i's unit 0 */
+    for (int i = 0; i < job->n_w && first < end; first += units_of(job->w[i]), i++) {
+        int64_t nu = units_of(job->w[i]);
+        int64_t u0 = begin > first ? begin - first : 0, u1 = end - first < nu ? end - first : nu;
+        for (int64_t u = u0; u < u1; u++) q8_unit(job, job->w[i], job->y[i], u, panel);
     }
+}
+
+/* Runs the integer kernels over weights sharing the quantized input a. */
+static lm_status q8_run(lm_backend *b, const lm_weight *const *w, int n_w, const lm_q8a_block *a, int64_t n,
+                        float *const *y) {
+    q8_job job = {.n_w = n_w, .a = a, .n = n, .tiled = n > GEMV_MAX_TOKENS};
+    for (int i = 0; i < n_w; i++) {
+        job.w[i] = w[i], job.y[i] = y[i];
+        if (!w[i]->q8.pack) job.tiled = false;
+    }
+    if (job.tiled) {
+        for (int i = 0; i < n_w; i++) {
+            size_t bytes = (w[i]->q8.panel_bytes(w[i]->t.ne[0]) + 63) & ~(size_t)63;
+            if (bytes > job.panel_stride) job.panel_stride = bytes;
+        }
+        int nth = lm_threadpool_size(lm_cpu_pool(b));
+        job.panels = lm_cpu_scratch(b, LM_SCRATCH_PANEL, job.panel_stride * (size_t)nth);
+        if (!job.panels) job.tiled = false; /* the matrix-vector kernel needs no panel */
+    }
+    lm_threadpool_run(lm_cpu_pool(b), q8_worker, &job);
+    return LM_OK;
 }
 
 typedef struct quant_job {
@@ -96,7 +126,7 @@ static lm_q8a_block *quantize_for(lm_backend *b, const lm_weight *const *w, int 
     int64_t cols = w[0]->t.ne[0];
     lm_q8a_style style = lm_q8a_style_for(w[0]->t.type);
     for (int i = 0; i < n_w; i++)
-        if (!w[i]->q8.dot || w[i]->t.ne[0] != cols || lm_q8a_style_for(w[i]->t.type) != style) return NULL;
+        if (!w[i]->q8.gemv || w[i]->t.ne[0] != cols || lm_q8a_style_for(w[i]->t.type) != style) return NULL;
     lm_q8a_block *a = lm_cpu_scratch(b, LM_SCRATCH_Q8_ACT, (size_t)(n * (cols / 32)) * sizeof *a);
     if (a) {
         quant_job job = {x, a, cols, style};
@@ -107,13 +137,9 @@ static lm_q8a_block *quantize_for(lm_backend *b, const lm_weight *const *w, int 
 
 lm_status lm_cpu_matmul(lm_backend *b, const lm_weight *w, const float *x, int64_t n, float *y) {
     int64_t cols = w->t.ne[0];
-    if (w->q8.dot) {
+    if (w->q8.gemv) {
         lm_q8a_block *a = quantize_for(b, &w, 1, x, n);
-        if (a) {
-            q8_job job = {{w}, {y}, 1, a, n};
-            lm_threadpool_run(lm_cpu_pool(b), q8_worker, &job);
-            return LM_OK;
-        }
+        if (a) return q8_run(b, &w, 1, a, n, &y);
         /* no memory for the quantized activations: the f32 path needs none */
     }
     int nth = lm_threadpool_size(lm_cpu_pool(b));
@@ -153,8 +179,5 @@ lm_status lm_cpu_matmul_many(lm_backend *b, const lm_weight *const *w, int n_w, 
         }
         return LM_OK;
     }
-    q8_job job = {.n_w = n_w, .a = a, .n = n};
-    for (int i = 0; i < n_w; i++) job.w[i] = w[i], job.y[i] = y[i];
-    lm_threadpool_run(lm_cpu_pool(b), q8_worker, &job);
-    return LM_OK;
+    return q8_run(b, w, n_w, a, n, y);
 }

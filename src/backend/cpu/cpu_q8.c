@@ -117,19 +117,150 @@ lm_q8a_dot_fn lm_q8a_dot_scalar_for(lm_dtype type) {
     }
 }
 
+/* ---- the exact arithmetic of every kernel (cpu_q8.h), in plain C ---- */
+
+static float rd_f16(const uint8_t *p) { return lm_f16_to_f32((uint16_t)(p[0] | (p[1] << 8))); }
+static int act_sum(const lm_q8a_block *a) { return a->sum16[0] + a->sum16[1]; }
+
+/* 32-element formats: c[32] the unsigned codes (Q8_0: signed), off the zero point */
+static float exact_legacy(lm_dtype type, const uint8_t *w, const lm_q8a_block *a, int64_t n) {
+    float acc = 0.0f;
+    size_t bytes = lm_dtype_get_info(type)->block_bytes;
+    for (int64_t b = 0; b < n / 32; b++, w += bytes) {
+        const lm_q8a_block *ab = &a[b];
+        int c[32], off = 0;
+        float dw = rd_f16(w), mw = 0.0f;
+        bool has_min = false;
+        switch (type) {
+        case LM_DTYPE_Q4_0:
+        case LM_DTYPE_Q4_1:
+            has_min = type == LM_DTYPE_Q4_1;
+            off = has_min ? 0 : 8;
+            for (int i = 0; i < 16; i++) {
+                const uint8_t qs = w[(has_min ? 4 : 2) + i];
+                c[i] = qs & 15, c[i + 16] = qs >> 4;
+            }
+            break;
+        case LM_DTYPE_Q5_0:
+        case LM_DTYPE_Q5_1: {
+            has_min = type == LM_DTYPE_Q5_1;
+            off = has_min ? 0 : 16;
+            const uint8_t *p = w + (has_min ? 4 : 2);
+            uint32_t qh = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+            for (int i = 0; i < 16; i++) {
+                c[i] = (p[4 + i] & 15) | (int)((qh >> i) & 1) << 4;
+                c[i + 16] = (p[4 + i] >> 4) | (int)((qh >> (i + 16)) & 1) << 4;
+            }
+            break;
+        }
+        default: /* Q8_0 */
+            for (int i = 0; i < 32; i++) c[i] = (int8_t)w[2 + i];
+            break;
+        }
+        if (has_min) mw = rd_f16(w + 2);
+        int32_t I = 0;
+        for (int i = 0; i < 32; i++) I += c[i] * ab->q[i];
+        I -= off * act_sum(ab);
+        acc = fmaf((float)I, dw * ab->d, acc);
+        if (has_min) acc = fmaf(mw, ab->s, acc);
+    }
+    return acc;
+}
+
+static void scale_min_k4(const uint8_t *s, int j, int *sc, int *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+static float exact_kquant(lm_dtype type, const uint8_t *w, const lm_q8a_block *a, int64_t n) {
+    float acc = 0.0f;
+    size_t bytes = lm_dtype_get_info(type)->block_bytes;
+    for (int64_t sb = 0; sb < n / 256; sb++, w += bytes) {
+        const lm_q8a_block *as = &a[8 * sb];
+        int32_t S = 0, M = 0;
+        if (type == LM_DTYPE_Q6_K) {
+            const uint8_t *ql = w, *qh = w + 128;
+            const int8_t *sc = (const int8_t *)(w + 192);
+            for (int i = 0; i < 16; i++) {
+                int32_t s = 0;
+                for (int e = 16 * i; e < 16 * i + 16; e++) {
+                    int half = e / 128, r = e % 128;
+                    int lo = (ql[half * 64 + r % 64] >> (r < 64 ? 0 : 4)) & 15;
+                    int hi = (qh[half * 32 + r % 32] >> (2 * (r / 32))) & 3;
+                    s += ((lo | hi << 4) - 32) * as[e / 32].q[e % 32];
+                }
+                S += sc[i] * s;
+            }
+            acc = fmaf((float)S, rd_f16(w + 208) * as->d, acc);
+            continue;
+        }
+        const uint8_t *qh = type == LM_DTYPE_Q5_K ? w + 16 : NULL, *qs = w + (qh ? 48 : 16);
+        for (int j = 0; j < 8; j++) {
+            int sc, m;
+            scale_min_k4(w + 4, j, &sc, &m);
+            int32_t s = 0;
+            for (int l = 0; l < 32; l++) {
+                int c = (qs[(j / 2) * 32 + l] >> (j % 2 ? 4 : 0)) & 15;
+                if (qh) c |= ((qh[l] >> j) & 1) << 4;
+                s += c * as[j].q[l];
+            }
+            S += sc * s;
+            M += m * act_sum(&as[j]);
+        }
+        acc = fmaf((float)S, rd_f16(w) * as->d, acc);
+        acc = fmaf(-(float)M, rd_f16(w + 2) * as->d, acc);
+    }
+    return acc;
+}
+
+#define EXACT_KERNEL(name, TYPE, IMPL) \
+    static float name(const uint8_t *w, const lm_q8a_block *a, int64_t n) { return IMPL(TYPE, w, a, n); }
+EXACT_KERNEL(exact_q4_0, LM_DTYPE_Q4_0, exact_legacy)
+EXACT_KERNEL(exact_q4_1, LM_DTYPE_Q4_1, exact_legacy)
+EXACT_KERNEL(exact_q5_0, LM_DTYPE_Q5_0, exact_legacy)
+EXACT_KERNEL(exact_q5_1, LM_DTYPE_Q5_1, exact_legacy)
+EXACT_KERNEL(exact_q8_0, LM_DTYPE_Q8_0, exact_legacy)
+EXACT_KERNEL(exact_q4_k, LM_DTYPE_Q4_K, exact_kquant)
+EXACT_KERNEL(exact_q5_k, LM_DTYPE_Q5_K, exact_kquant)
+EXACT_KERNEL(exact_q6_k, LM_DTYPE_Q6_K, exact_kquant)
+#undef EXACT_KERNEL
+
+lm_q8a_dot_fn lm_q8a_dot_exact_for(lm_dtype type) {
+    switch (type) {
+    case LM_DTYPE_Q4_0: return exact_q4_0;
+    case LM_DTYPE_Q4_1: return exact_q4_1;
+    case LM_DTYPE_Q5_0: return exact_q5_0;
+    case LM_DTYPE_Q5_1: return exact_q5_1;
+    case LM_DTYPE_Q8_0: return exact_q8_0;
+    case LM_DTYPE_Q4_K: return exact_q4_k;
+    case LM_DTYPE_Q5_K: return exact_q5_k;
+    case LM_DTYPE_Q6_K: return exact_q6_k;
+    default: return NULL;
+    }
+}
+
+static bool env_on(const char *name) {
+    const char *v = getenv(name);
+    return v && atoi(v) != 0;
+}
 
 lm_q8a_kernels lm_q8a_kernels_for(lm_dtype type) {
-    /* LUMEN_REFERENCE_KERNELS=1 forces the f32 reference path (debugging aid) */
-    const char *reference = getenv("LUMEN_REFERENCE_KERNELS");
-    if (reference && atoi(reference) != 0) return (lm_q8a_kernels){NULL, NULL};
+    lm_q8a_kernels none = {0};
+    if (env_on("LUMEN_REFERENCE_KERNELS")) return none;
+    lm_q8a_kernels k = none;
 #if defined(__x86_64__)
-    bool avx2 = lm_cpu_has_avx2();
-    if (lm_cpu_has_avx512_vnni() &&
-        !(getenv("LUMEN_CPU_NO_VNNI") && atoi(getenv("LUMEN_CPU_NO_VNNI"))))
-        return lm_q8a_kernels_for_vnni(type);
-    if (avx2) return lm_q8a_kernels_for_avx2(type);
+    if (lm_cpu_has_avx512_vnni() && !env_on("LUMEN_CPU_NO_VNNI"))
+        k = lm_q8a_kernels_for_vnni(type);
+    else if (lm_cpu_has_avx2())
+        k = lm_q8a_kernels_for_avx2(type);
 #endif
     /* no SIMD kernel: the caller's f32 path (dequantize + dot) is faster than the
-     * double-precision scalar reference */
-    return (lm_q8a_kernels){NULL, NULL};
+     * scalar arithmetic above */
+    if (env_on("LUMEN_CPU_NO_TILE")) k.pack = NULL, k.tile = NULL, k.panel_bytes = NULL;
+    return k;
 }

@@ -17,12 +17,14 @@ static inline __m256i dot_u8_i8(__m256i u, __m256i a) {
 
 #define KSUFFIX avx2
 #include "backend/cpu/cpu_q8_kernels.inc"
+
+lm_q8a_kernels lm_q8a_kernels_for_avx2(lm_dtype type) { return (lm_q8a_kernels){K(lm_q8a_gemv_for)(type), NULL, NULL, NULL}; }
 #if defined(__clang__)
 #pragma clang attribute pop
 #endif
 #else
 lm_q8a_kernels lm_q8a_kernels_for_avx2(lm_dtype type) {
     (void)type;
-    return (lm_q8a_kernels){NULL, NULL};
+    return (lm_q8a_kernels){0};
 }
 #endif

@@ -1,0 +1,433 @@
+/* Tiled integer matrix-matrix kernels (the prefill path) on AVX-512 VNNI.
+ *
+ * `pack` decodes a panel of 32 weight rows (two groups of 16) once per call into
+ * unsigned byte codes interleaved so that one 512-bit vector holds 4 consecutive codes
+ * of each of 16 rows (lane r = row r), plus the per-unit scales as 16-lane vectors.
+ * `tile` then walks the tokens a few at a time: the activation's 4 matching bytes of
+ * one token are broadcast to all lanes and vpdpbusd adds 16 rows x 4 products per
+ * instruction, each weight vector serving every token of the tile and each broadcast
+ * both row groups. The per-unit integers of cpu_q8.h come out exactly in each lane:
+ *  - legacy blocks: the 8 dot steps of a block into a zeroed accumulator, the zero
+ *    point as one vpdpwssd of (-off, -off) with the activation's two half sums;
+ *  - Q4_K/Q5_K: each 32-element sub-block into a zeroed accumulator, multiplied by its
+ *    scale (vpmulld) into S; M as vpdpwssd of (m_j, m_j) with the half sums;
+ *  - Q6_K: 16-element sub-blocks likewise, the offset 32 as vpdpwssd of
+ *    (-32 sc_2j, -32 sc_2j+1) with the half sums of block j.
+ * Then the float steps, lane by lane in the order of cpu_q8.h: results equal the gemv
+ * kernels and the scalar code bit for bit, whatever the tile. */
+#include "backend/cpu/cpu_q8.h"
+
+#if defined(__x86_64__)
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni"))), \
+                             apply_to = function)
+#else
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")
+#endif
+#include <immintrin.h>
+#include <string.h>
+
+#define TUNROLL _Pragma("GCC unroll 16")
+
+enum { GROUP = 16, RG = LM_Q8A_PANEL_ROWS / GROUP };
+
+/* Panel layout, per unit (one 32-element block, or one 256-element super-block):
+ *   codes [unit / 4][RG][16 rows][4 bytes]
+ *   legacy:   dw [RG][16] f32, mw [RG][16] f32
+ *   K-quants: sc [16][RG][16] i32 (8 used by Q4_K/Q5_K), pairs [8][RG][16] (two i16 each),
+ *             d [RG][16] f32, dmin [RG][16] f32 */
+enum {
+    L_DW = 32 * LM_Q8A_PANEL_ROWS,
+    L_MW = L_DW + RG * 64,
+    L_UNIT = L_MW + RG * 64,
+    K_SC = 256 * LM_Q8A_PANEL_ROWS,
+    K_PAIR = K_SC + 16 * RG * 64,
+    K_D = K_PAIR + 8 * RG * 64,
+    K_DMIN = K_D + RG * 64,
+    K_UNIT = K_DMIN + RG * 64,
+};
+
+static size_t panel_bytes_legacy(int64_t n) { return (size_t)(n / 32) * L_UNIT; }
+static size_t panel_bytes_k(int64_t n) { return (size_t)(n / 256) * K_UNIT; }
+
+static inline float rd_f16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* 16 bytes of packed nibbles -> 32 bytes: low nibbles (elements 0..15), then high */
+static inline __m256i unpack_nibbles16(const uint8_t *qs) {
+    __m128i b = _mm_loadu_si128((const __m128i *)qs);
+    __m128i m = _mm_set1_epi8(0x0f);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
+}
+
+/* byte i = 0x10 where bit i of `bits` is set */
+static inline __m256i bits_to_0x10(uint32_t bits) {
+    return _mm256_maskz_mov_epi8((__mmask32)bits, _mm256_set1_epi8(0x10));
+}
+
+/* Interleaves the natural-order codes of 32 rows (tmp [32][unit], unit bytes each)
+ * into the panel's [unit / 4][RG][16][4] order. */
+static void interleave(const uint8_t *tmp, int unit, uint8_t *codes) {
+    const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                           _mm512_set1_epi32(unit));
+    for (int g = 0; g < unit / 4; g++)
+        for (int rg = 0; rg < RG; rg++)
+            _mm512_store_si512((__m512i *)(codes + (g * RG + rg) * 64),
+                               _mm512_i32gather_epi32(idx, tmp + rg * GROUP * unit + 4 * g, 1));
+}
+
+/* ---- packing ---- */
+
+enum { FMT_Q4_0, FMT_Q4_1, FMT_Q5_0, FMT_Q5_1, FMT_Q8_0 };
+
+static inline __attribute__((always_inline)) void pack_legacy(int fmt, size_t bytes, const uint8_t *w,
+                                                              size_t row_bytes, int nr, int64_t n, uint8_t *panel) {
+    _Alignas(64) uint8_t tmp[LM_Q8A_PANEL_ROWS * 32];
+    for (int64_t b = 0; b < n / 32; b++) {
+        uint8_t *p = panel + b * L_UNIT;
+        float *dw = (float *)(p + L_DW), *mw = (float *)(p + L_MW);
+        for (int r = 0; r < LM_Q8A_PANEL_ROWS; r++) {
+            const uint8_t *wb = w + (size_t)(r < nr ? r : nr - 1) * row_bytes + b * bytes;
+            __m256i u;
+            uint32_t qh;
+            switch (fmt) {
+            case FMT_Q4_0: u = unpack_nibbles16(wb + 2); break;
+            case FMT_Q4_1: u = unpack_nibbles16(wb + 4); break;
+            case FMT_Q5_0:
+                memcpy(&qh, wb + 2, 4);
+                u = _mm256_or_si256(unpack_nibbles16(wb + 6), bits_to_0x10(qh));
+                break;
+            case FMT_Q5_1:
+                memcpy(&qh, wb + 4, 4);
+                u = _mm256_or_si256(unpack_nibbles16(wb + 8), bits_to_0x10(qh));
+                break;
+            default: /* Q8_0: w + 128 as unsigned, offset 128 */
+                u = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(wb + 2)), _mm256_set1_epi8((char)0x80));
+                break;
+            }
+            _mm256_store_si256((__m256i *)(tmp + r * 32), u);
+            dw[r] = rd_f16(wb);
+            mw[r] = fmt == FMT_Q4_1 || fmt == FMT_Q5_1 ? rd_f16(wb + 2) : 0.0f;
+        }
+        interleave(tmp, 32, p);
+    }
+}
+
+#define PACK_LEGACY(NAME, FMT, BYTES)                                                                  \
+    static void NAME(const uint8_t *w, size_t row_bytes, int nr, int64_t n, uint8_t *panel) {         \
+        pack_legacy(FMT, BYTES, w, row_bytes, nr, n, panel);                                           \
+    }
+PACK_LEGACY(pack_q4_0, FMT_Q4_0, 18)
+PACK_LEGACY(pack_q4_1, FMT_Q4_1, 20)
+PACK_LEGACY(pack_q5_0, FMT_Q5_0, 22)
+PACK_LEGACY(pack_q5_1, FMT_Q5_1, 24)
+PACK_LEGACY(pack_q8_0, FMT_Q8_0, 34)
+
+static inline void scale_min_k4(const uint8_t *s, int j, int *sc, int *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+/* Q4_K (qh_off 0) and Q5_K */
+static inline __attribute__((always_inline)) void pack_k4k5(int qh_off, int qs_off, size_t bytes, const uint8_t *w,
+                                                            size_t row_bytes, int nr, int64_t n, uint8_t *panel) {
+    _Alignas(64) uint8_t tmp[LM_Q8A_PANEL_ROWS * 256];
+    const __m256i low4 = _mm256_set1_epi8(0x0f);
+    for (int64_t sb = 0; sb < n / 256; sb++) {
+        uint8_t *p = panel + sb * K_UNIT;
+        int32_t *sc = (int32_t *)(p + K_SC), *pair = (int32_t *)(p + K_PAIR);
+        float *d = (float *)(p + K_D), *dmin = (float *)(p + K_DMIN);
+        for (int r = 0; r < LM_Q8A_PANEL_ROWS; r++) {
+            const uint8_t *wb = w + (size_t)(r < nr ? r : nr - 1) * row_bytes + sb * bytes, *qs = wb + qs_off;
+            __m256i qhv = qh_off ? _mm256_loadu_si256((const __m256i *)(wb + qh_off)) : _mm256_setzero_si256();
+            for (int c = 0; c < 4; c++) {
+                __m256i b32 = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+                __m256i lo = _mm256_and_si256(b32, low4), hi = _mm256_and_si256(_mm256_srli_epi16(b32, 4), low4);
+                if (qh_off) {
+                    __m256i b0 = _mm256_set1_epi8((char)(1 << (2 * c))), b1 = _mm256_set1_epi8((char)(2 << (2 * c)));
+                    lo = _mm256_or_si256(lo, _mm256_maskz_mov_epi8(_mm256_test_epi8_mask(qhv, b0), _mm256_set1_epi8(0x10)));
+                    hi = _mm256_or_si256(hi, _mm256_maskz_mov_epi8(_mm256_test_epi8_mask(qhv, b1), _mm256_set1_epi8(0x10)));
+                }
+                _mm256_store_si256((__m256i *)(tmp + r * 256 + 64 * c), lo);
+                _mm256_store_si256((__m256i *)(tmp + r * 256 + 64 * c + 32), hi);
+            }
+            int row = r % GROUP, rg = r / GROUP;
+            for (int j = 0; j < 8; j++) {
+                int s, m;
+                scale_min_k4(wb + 4, j, &s, &m);
+                sc[(j * RG + rg) * GROUP + row] = s;
+                pair[(j * RG + rg) * GROUP + row] = m | m << 16;
+            }
+            d[rg * GROUP + row] = rd_f16(wb);
+            dmin[rg * GROUP + row] = rd_f16(wb + 2);
+        }
+        interleave(tmp, 256, p);
+    }
+}
+
+static void pack_q4_k(const uint8_t *w, size_t row_bytes, int nr, int64_t n, uint8_t *panel) {
+    pack_k4k5(0, 16, 144, w, row_bytes, nr, n, panel);
+}
+static void pack_q5_k(const uint8_t *w, size_t row_bytes, int nr, int64_t n, uint8_t *panel) {
+    pack_k4k5(16, 48, 176, w, row_bytes, nr, n, panel);
+}
+
+static void pack_q6_k(const uint8_t *w, size_t row_bytes, int nr, int64_t n, uint8_t *panel) {
+    _Alignas(64) uint8_t tmp[LM_Q8A_PANEL_ROWS * 256];
+    const __m256i low4 = _mm256_set1_epi8(0x0f), low2 = _mm256_set1_epi8(0x03);
+    for (int64_t sb = 0; sb < n / 256; sb++) {
+        uint8_t *p = panel + sb * K_UNIT;
+        int32_t *sc = (int32_t *)(p + K_SC), *pair = (int32_t *)(p + K_PAIR);
+        float *d = (float *)(p + K_D);
+        for (int r = 0; r < LM_Q8A_PANEL_ROWS; r++) {
+            const uint8_t *wb = w + (size_t)(r < nr ? r : nr - 1) * row_bytes + sb * 210, *ql = wb, *qh = wb + 128;
+            const int8_t *scales = (const int8_t *)(wb + 192);
+            for (int h = 0; h < 2; h++) {
+                __m256i l0 = _mm256_loadu_si256((const __m256i *)(ql + 64 * h));
+                __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 64 * h + 32));
+                __m256i hv = _mm256_loadu_si256((const __m256i *)(qh + 32 * h));
+                for (int c = 0; c < 4; c++) {
+                    __m256i src = (c & 1) ? l1 : l0;
+                    __m256i lo = _mm256_and_si256(c < 2 ? src : _mm256_srli_epi16(src, 4), low4);
+                    __m256i hi = _mm256_and_si256(_mm256_srli_epi16(hv, 2 * c), low2);
+                    _mm256_store_si256((__m256i *)(tmp + r * 256 + 128 * h + 32 * c),
+                                       _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)));
+                }
+            }
+            int row = r % GROUP, rg = r / GROUP;
+            for (int i = 0; i < 16; i++) sc[(i * RG + rg) * GROUP + row] = scales[i];
+            for (int j = 0; j < 8; j++)
+                pair[(j * RG + rg) * GROUP + row] =
+                    (int32_t)((uint32_t)(uint16_t)(-32 * scales[2 * j]) | (uint32_t)(uint16_t)(-32 * scales[2 * j + 1]) << 16);
+            d[rg * GROUP + row] = rd_f16(wb + 208);
+        }
+        interleave(tmp, 256, p);
+    }
+}
+
+/* ---- tiles ---- */
+
+static inline __m512i bcast32(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+/* out[rg][t] for rows of the panel, tokens a + t * a_stride (t < T) */
+static inline void store_tile(const __m512 acc[RG][8], int T, int nr, float *y, int64_t y_stride) {
+    __mmask16 m0 = nr >= 16 ? 0xffff : (__mmask16)((1u << nr) - 1);
+    __mmask16 m1 = nr >= 32 ? 0xffff : nr > 16 ? (__mmask16)((1u << (nr - 16)) - 1) : 0;
+    for (int t = 0; t < T; t++) {
+        _mm512_mask_storeu_ps(y + t * y_stride, m0, acc[0][t]);
+        _mm512_mask_storeu_ps(y + t * y_stride + 16, m1, acc[1][t]);
+    }
+}
+
+enum { TT_LEGACY = 6, TT_K = 4 };
+
+static inline __attribute__((always_inline)) void tile_legacy_T(const uint8_t *panel, int nr, const lm_q8a_block *a,
+                                                                int64_t a_stride, int T, int64_t n, int off,
+                                                                int has_min, float *y, int64_t y_stride) {
+    const __m512i offp = _mm512_set1_epi32((int32_t)((uint32_t)(uint16_t)(-off) * 0x10001u));
+    __m512 acc[RG][8];
+    TUNROLL
+    for (int t = 0; t < T; t++) acc[0][t] = acc[1][t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < n / 32; b++) {
+        const uint8_t *p = panel + b * L_UNIT;
+        __m512i s[RG][8];
+        TUNROLL
+        for (int t = 0; t < T; t++) s[0][t] = s[1][t] = _mm512_setzero_si512();
+        TUNROLL
+        for (int g = 0; g < 8; g++) {
+            __m512i w0 = _mm512_load_si512((const __m512i *)(p + g * 128));
+            __m512i w1 = _mm512_load_si512((const __m512i *)(p + g * 128 + 64));
+            TUNROLL
+            for (int t = 0; t < T; t++) {
+                __m512i av = bcast32(a[t * a_stride + b].q + 4 * g);
+                s[0][t] = _mm512_dpbusd_epi32(s[0][t], w0, av);
+                s[1][t] = _mm512_dpbusd_epi32(s[1][t], w1, av);
+            }
+        }
+        __m512 dw0 = _mm512_load_ps(p + L_DW), dw1 = _mm512_load_ps(p + L_DW + 64);
+        TUNROLL
+        for (int t = 0; t < T; t++) {
+            const lm_q8a_block *ab = &a[t * a_stride + b];
+            if (off) {
+                __m512i hs = bcast32(ab->sum16);
+                s[0][t] = _mm512_dpwssd_epi32(s[0][t], offp, hs);
+                s[1][t] = _mm512_dpwssd_epi32(s[1][t], offp, hs);
+            }
+            __m512 da = _mm512_set1_ps(ab->d);
+            acc[0][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[0][t]), _mm512_mul_ps(dw0, da), acc[0][t]);
+            acc[1][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[1][t]), _mm512_mul_ps(dw1, da), acc[1][t]);
+            if (has_min) {
+                __m512 sa = _mm512_set1_ps(ab->s);
+                acc[0][t] = _mm512_fmadd_ps(_mm512_load_ps(p + L_MW), sa, acc[0][t]);
+                acc[1][t] = _mm512_fmadd_ps(_mm512_load_ps(p + L_MW + 64), sa, acc[1][t]);
+            }
+        }
+    }
+    store_tile(acc, T, nr, y, y_stride);
+}
+
+static inline __attribute__((always_inline)) void tile_legacy(const uint8_t *panel, int nr, const lm_q8a_block *a,
+                                                              int64_t a_stride, int64_t n_tok, int64_t n, int off,
+                                                              int has_min, float *y, int64_t y_stride) {
+    int64_t t0 = 0;
+    for (; t0 + TT_LEGACY <= n_tok; t0 += TT_LEGACY)
+        tile_legacy_T(panel, nr, a + t0 * a_stride, a_stride, TT_LEGACY, n, off, has_min, y + t0 * y_stride, y_stride);
+    const lm_q8a_block *at = a + t0 * a_stride;
+    float *yt = y + t0 * y_stride;
+    switch (n_tok - t0) {
+    case 1: tile_legacy_T(panel, nr, at, a_stride, 1, n, off, has_min, yt, y_stride); break;
+    case 2: tile_legacy_T(panel, nr, at, a_stride, 2, n, off, has_min, yt, y_stride); break;
+    case 3: tile_legacy_T(panel, nr, at, a_stride, 3, n, off, has_min, yt, y_stride); break;
+    case 4: tile_legacy_T(panel, nr, at, a_stride, 4, n, off, has_min, yt, y_stride); break;
+    case 5: tile_legacy_T(panel, nr, at, a_stride, 5, n, off, has_min, yt, y_stride); break;
+    default: break;
+    }
+}
+
+#define TILE_LEGACY(NAME, OFF, HAS_MIN)                                                                           \
+    static void NAME(const uint8_t *panel, int nr, const lm_q8a_block *a, int64_t a_stride, int64_t n_tok,       \
+                     int64_t n, float *y, int64_t y_stride) {                                                    \
+        tile_legacy(panel, nr, a, a_stride, n_tok, n, OFF, HAS_MIN, y, y_stride);                                 \
+    }
+TILE_LEGACY(tile_q4_0, 8, 0)
+TILE_LEGACY(tile_q4_1, 0, 1)
+TILE_LEGACY(tile_q5_0, 16, 0)
+TILE_LEGACY(tile_q5_1, 0, 1)
+TILE_LEGACY(tile_q8_0, 128, 0)
+
+/* Q4_K/Q5_K (q6 = 0) and Q6_K (q6 = 1) */
+static inline __attribute__((always_inline)) void tile_k_T(const uint8_t *panel, int nr, const lm_q8a_block *a,
+                                                           int64_t a_stride, int T, int64_t n, int q6, float *y,
+                                                           int64_t y_stride) {
+    __m512 acc[RG][8];
+    TUNROLL
+    for (int t = 0; t < T; t++) acc[0][t] = acc[1][t] = _mm512_setzero_ps();
+    for (int64_t sb = 0; sb < n / 256; sb++) {
+        const uint8_t *p = panel + sb * K_UNIT;
+        const lm_q8a_block *as = a + 8 * sb;
+        __m512i S[RG][8], s[RG][8];
+        TUNROLL
+        for (int t = 0; t < T; t++) S[0][t] = S[1][t] = _mm512_setzero_si512();
+        const int n_sub = q6 ? 16 : 8, groups = q6 ? 4 : 8;
+        for (int j = 0; j < n_sub; j++) {
+            const uint8_t *cj = p + j * groups * 128;
+            TUNROLL
+            for (int t = 0; t < T; t++) s[0][t] = s[1][t] = _mm512_setzero_si512();
+            TUNROLL
+            for (int g = 0; g < groups; g++) {
+                __m512i w0 = _mm512_load_si512((const __m512i *)(cj + g * 128));
+                __m512i w1 = _mm512_load_si512((const __m512i *)(cj + g * 128 + 64));
+                TUNROLL
+                for (int t = 0; t < T; t++) {
+                    /* element 4g of the sub-block: activation block j (j / 2 for Q6_K) */
+                    const int8_t *q = q6 ? as[t * a_stride + j / 2].q + 16 * (j % 2) : as[t * a_stride + j].q;
+                    __m512i av = bcast32(q + 4 * g);
+                    s[0][t] = _mm512_dpbusd_epi32(s[0][t], w0, av);
+                    s[1][t] = _mm512_dpbusd_epi32(s[1][t], w1, av);
+                }
+            }
+            __m512i sc0 = _mm512_load_si512((const __m512i *)(p + K_SC + j * 128));
+            __m512i sc1 = _mm512_load_si512((const __m512i *)(p + K_SC + j * 128 + 64));
+            TUNROLL
+            for (int t = 0; t < T; t++) {
+                S[0][t] = _mm512_add_epi32(S[0][t], _mm512_mullo_epi32(s[0][t], sc0));
+                S[1][t] = _mm512_add_epi32(S[1][t], _mm512_mullo_epi32(s[1][t], sc1));
+            }
+        }
+        /* Q6_K: the offset into S; Q4_K/Q5_K: the mins' sum M into s */
+        TUNROLL
+        for (int t = 0; t < T; t++) s[0][t] = s[1][t] = _mm512_setzero_si512();
+        TUNROLL
+        for (int j = 0; j < 8; j++) {
+            __m512i p0 = _mm512_load_si512((const __m512i *)(p + K_PAIR + j * 128));
+            __m512i p1 = _mm512_load_si512((const __m512i *)(p + K_PAIR + j * 128 + 64));
+            TUNROLL
+            for (int t = 0; t < T; t++) {
+                __m512i hs = bcast32(as[t * a_stride + j].sum16);
+                if (q6) {
+                    S[0][t] = _mm512_dpwssd_epi32(S[0][t], p0, hs);
+                    S[1][t] = _mm512_dpwssd_epi32(S[1][t], p1, hs);
+                } else {
+                    s[0][t] = _mm512_dpwssd_epi32(s[0][t], p0, hs);
+                    s[1][t] = _mm512_dpwssd_epi32(s[1][t], p1, hs);
+                }
+            }
+        }
+        __m512 d0 = _mm512_load_ps(p + K_D), d1 = _mm512_load_ps(p + K_D + 64);
+        __m512 m0 = _mm512_load_ps(p + K_DMIN), m1 = _mm512_load_ps(p + K_DMIN + 64);
+        TUNROLL
+        for (int t = 0; t < T; t++) {
+            __m512 da = _mm512_set1_ps(as[t * a_stride].d);
+            acc[0][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S[0][t]), _mm512_mul_ps(d0, da), acc[0][t]);
+            acc[1][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S[1][t]), _mm512_mul_ps(d1, da), acc[1][t]);
+            if (!q6) {
+                acc[0][t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(s[0][t]), _mm512_mul_ps(m0, da), acc[0][t]);
+                acc[1][t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(s[1][t]), _mm512_mul_ps(m1, da), acc[1][t]);
+            }
+        }
+    }
+    store_tile(acc, T, nr, y, y_stride);
+}
+
+static inline __attribute__((always_inline)) void tile_k(const uint8_t *panel, int nr, const lm_q8a_block *a,
+                                                         int64_t a_stride, int64_t n_tok, int64_t n, int q6, float *y,
+                                                         int64_t y_stride) {
+    int64_t t0 = 0;
+    for (; t0 + TT_K <= n_tok; t0 += TT_K)
+        tile_k_T(panel, nr, a + t0 * a_stride, a_stride, TT_K, n, q6, y + t0 * y_stride, y_stride);
+    const lm_q8a_block *at = a + t0 * a_stride;
+    float *yt = y + t0 * y_stride;
+    switch (n_tok - t0) {
+    case 1: tile_k_T(panel, nr, at, a_stride, 1, n, q6, yt, y_stride); break;
+    case 2: tile_k_T(panel, nr, at, a_stride, 2, n, q6, yt, y_stride); break;
+    case 3: tile_k_T(panel, nr, at, a_stride, 3, n, q6, yt, y_stride); break;
+    default: break;
+    }
+}
+
+static void tile_k4k5(const uint8_t *panel, int nr, const lm_q8a_block *a, int64_t a_stride, int64_t n_tok, int64_t n,
+                      float *y, int64_t y_stride) {
+    tile_k(panel, nr, a, a_stride, n_tok, n, 0, y, y_stride);
+}
+static void tile_q6_k(const uint8_t *panel, int nr, const lm_q8a_block *a, int64_t a_stride, int64_t n_tok, int64_t n,
+                      float *y, int64_t y_stride) {
+    tile_k(panel, nr, a, a_stride, n_tok, n, 1, y, y_stride);
+}
+
+void lm_q8a_tile_kernels_avx512(lm_dtype type, lm_q8a_pack_fn *pack, lm_q8a_tile_fn *tile,
+                                lm_q8a_panel_bytes_fn *panel_bytes) {
+    *pack = NULL, *tile = NULL, *panel_bytes = NULL;
+    switch (type) {
+    case LM_DTYPE_Q4_0: *pack = pack_q4_0, *tile = tile_q4_0, *panel_bytes = panel_bytes_legacy; break;
+    case LM_DTYPE_Q4_1: *pack = pack_q4_1, *tile = tile_q4_1, *panel_bytes = panel_bytes_legacy; break;
+    case LM_DTYPE_Q5_0: *pack = pack_q5_0, *tile = tile_q5_0, *panel_bytes = panel_bytes_legacy; break;
+    case LM_DTYPE_Q5_1: *pack = pack_q5_1, *tile = tile_q5_1, *panel_bytes = panel_bytes_legacy; break;
+    case LM_DTYPE_Q8_0: *pack = pack_q8_0, *tile = tile_q8_0, *panel_bytes = panel_bytes_legacy; break;
+    case LM_DTYPE_Q4_K: *pack = pack_q4_k, *tile = tile_k4k5, *panel_bytes = panel_bytes_k; break;
+    case LM_DTYPE_Q5_K: *pack = pack_q5_k, *tile = tile_k4k5, *panel_bytes = panel_bytes_k; break;
+    case LM_DTYPE_Q6_K: *pack = pack_q6_k, *tile = tile_q6_k, *panel_bytes = panel_bytes_k; break;
+    default: break;
+    }
+}
+#if defined(__clang__)
+#pragma clang attribute pop
+#endif
+#else
+void lm_q8a_tile_kernels_avx512(lm_dtype type, lm_q8a_pack_fn *pack, lm_q8a_tile_fn *tile,
+                                lm_q8a_panel_bytes_fn *panel_bytes) {
+    (void)type;
+    *pack = NULL, *tile = NULL, *panel_bytes = NULL;
+}
+#endif
