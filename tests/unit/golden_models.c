@@ -5,6 +5,11 @@
  *   NAME = MODEL-f32: the same weights exactly dequantized to F32 (made here with
  *          lm_gguf_convert_file when absent), F32 KV cache: llama.cpp's logits are
  *          then the exact math up to summation order.
+ *   NAME = MODEL-exact: the quantized GGUF as published against MODEL-f32's
+ *          reference (F32 KV cache), held to the F32 variant's bounds: for a backend
+ *          that decodes the weights exactly and keeps activations in float (the CUDA
+ *          backend), the published file is that exact math. Not for the CPU backend,
+ *          which rounds activations to 8 bits as llama.cpp does.
  * The model comes from the `lumen pull` store; when it is absent the test is
  * skipped (exit 77) with a message saying how to get it.
  *
@@ -186,16 +191,19 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: golden_models MODEL_NAME\n");
         return 2;
     }
-    char golden_path[1024], model_path[4096];
-    snprintf(golden_path, sizeof golden_path, "%s/tests/golden/%s.json", LUMEN_SOURCE_DIR, argv[1]);
+    char golden_path[1024], model_path[4096], base[256];
+    snprintf(base, sizeof base, "%s", argv[1]);
+    size_t len = strlen(base);
+    bool exact = len > 6 && strcmp(base + len - 6, "-exact") == 0;
+    if (exact) base[len - 6] = '\0';
+    /* -exact reads the -f32 reference */
+    snprintf(golden_path, sizeof golden_path, "%s/tests/golden/%s%s.json", LUMEN_SOURCE_DIR, base, exact ? "-f32" : "");
     cJSON *golden = golden_read(golden_path);
     if (!golden) {
         fprintf(stderr, "cannot read %s\n", golden_path);
         return 1;
     }
-    char base[256];
-    snprintf(base, sizeof base, "%s", argv[1]);
-    size_t len = strlen(base);
+    len = strlen(base);
     g_f32_variant = len > 4 && strcmp(base + len - 4, "-f32") == 0;
     if (g_f32_variant) base[len - 4] = '\0';
     if (lm_model_store_resolve(base, model_path, sizeof model_path) != LM_OK) {
@@ -216,6 +224,10 @@ int main(int argc, char **argv) {
             return 1;
         }
         snprintf(model_path, sizeof model_path, "%s", derived);
+        g_kv_type = LM_DTYPE_F32;
+    }
+    if (exact) { /* the published file, judged as the exact math (see the header) */
+        g_f32_variant = true;
         g_kv_type = LM_DTYPE_F32;
     }
     int threads = getenv("LUMEN_TEST_THREADS") ? atoi(getenv("LUMEN_TEST_THREADS")) : 2;
