@@ -488,12 +488,27 @@ static void run_attention_case(const attn_case *ac) {
                  (long long)ac->window, (long long)n);
         /* the F16 reference rounds the softmax weights to f16; we keep them f32 */
         report("attention", what, nerr(got, ref, n * d_q), ac->type == LM_DTYPE_F16 ? 2e-3 : 1e-5);
+        /* batches of more than mv_max_n tokens in runs take the tensor-core kernel
+         * for F16 caches and head sizes 64/128/256 (cuda_attention_tc.cu) */
+        bool tc = bi == 1 && ac->type == LM_DTYPE_F16 && n > g_mv_max_n &&
+                  (ac->hd == 64 || ac->hd == 128 || ac->hd == 256);
         if (bi == 0) {
             dec_q = q, dec_out = got, q = got = NULL;
-        } else {
+        } else if (!tc) {
             /* a token's result does not depend on the batch around it (split-K included) */
             CHECK(bit_equal(got + 39 * d_q, dec_out + 1 * d_q, d_q));
             CHECK(bit_equal(got + (n - 1) * d_q, dec_out + 2 * d_q, d_q));
+        } else {
+            /* nor on the tiles around it on the tensor-core path: sequence 1's 40
+             * tokens alone, without the other sequences' tiles, give the same bits */
+            lm_attn_batch one = {40, ppos, pseq};
+            float *dout1 = g_gpu->ops->alloc(g_gpu, sizeof(float) * (size_t)(40 * d_q)), *got1 = fmalloc(40 * d_q);
+            CHECK(g_gpu->ops->attention(g_gpu, kg, layer, &one, dq, ac->n_head, ac->n_head_kv, ac->hd, ac->window,
+                                        scale, dout1) == LM_OK);
+            gpu_download(got1, dout1, sizeof(float) * (size_t)(40 * d_q));
+            CHECK(bit_equal(got1, got, 40 * d_q));
+            g_gpu->ops->free(g_gpu, dout1);
+            free(got1);
         }
         free(q), free(ref), free(got), gpu_free(dq), gpu_free(dout);
     }

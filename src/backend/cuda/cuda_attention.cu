@@ -222,6 +222,8 @@ extern "C" lm_status lm_cuda_attention(lm_backend *b, const lm_kv_cache *kv, int
     const int32_t *meta = lm_cuda_attn_meta(cu, kv, batch);
     if (!meta) return in_pass ? LM_OK : lm_cuda_take_error(cu);
     if (lm_cuda_replaying(cu)) return LM_OK;
+    if (lm_cuda_attention_tc(cu, kv, layer, batch, meta, q, n_head, n_head_kv, head_dim, window, scale, out))
+        return in_pass ? LM_OK : lm_cuda_take_error(cu);
     float *part = NULL;
     if (max_splits > 1) {
         part = (float *)lm_cuda_scratch(cu, LM_CUDA_SCR_ATTN,

@@ -22,7 +22,7 @@ extern "C" {
 
 /* Host metadata copied to the device; one slot per kind so the kinds of one forward
  * pass do not evict each other (each is uploaded once per pass, then reused). */
-enum lm_cuda_meta_kind { LM_CUDA_META_POS, LM_CUDA_META_ATTN, LM_CUDA_META_IDS, LM_CUDA_META_COUNT };
+enum lm_cuda_meta_kind { LM_CUDA_META_POS, LM_CUDA_META_ATTN, LM_CUDA_META_IDS, LM_CUDA_META_TILES, LM_CUDA_META_COUNT };
 
 /* Device scratch, one buffer per purpose, grown on demand. */
 enum lm_cuda_scratch_slot {
@@ -82,6 +82,8 @@ typedef struct lm_cuda_backend {
     int32_t *seq_off;  /* per sequence id: its table's offset in attn_host (-1) */
     int64_t seq_off_cap;
     void *cublas_ws;   /* cuBLAS's workspace: no allocation inside a capture   */
+    int32_t *tc_tiles; /* tensor-core attention: [first token, count] per tile */
+    int64_t tc_tiles_cap;
     /* forward passes recorded as CUDA graphs (cuda_graph.cu) */
     bool graphs_on;    /* LUMEN_CUDA_GRAPHS=0 turns recording off              */
     int pass_mode;     /* lm_cuda_pass_mode                                    */
@@ -198,6 +200,12 @@ void lm_cuda_kv_store(lm_backend *b, struct lm_kv_cache *kv, int64_t layer, cons
                       const float *k, const float *v);
 void lm_cuda_qkv_finish(lm_backend *b, lm_kv_cache *kv, int64_t layer, const lm_attn_batch *batch,
                         const lm_qkv_finish *p);
+/* Tensor-core prefill attention (cuda_attention_tc.cu): false when the batch is not
+ * for it (the caller runs the scalar kernel); true when launched or failed (error
+ * recorded). */
+bool lm_cuda_attention_tc(lm_cuda_backend *cu, const lm_kv_cache *kv, int64_t layer, const lm_attn_batch *batch,
+                          const int32_t *meta, const float *q, int64_t n_head, int64_t n_head_kv, int64_t head_dim,
+                          int64_t window, float scale, float *out);
 lm_status lm_cuda_pass_begin(lm_backend *b, uint64_t key, const struct lm_kv_cache *kv, const lm_attn_batch *batch);
 lm_status lm_cuda_pass_end(lm_backend *b);
 void lm_cuda_graphs_free(lm_cuda_backend *cu);
