@@ -67,6 +67,9 @@ __global__ void __launch_bounds__(MV_THREADS)
         const int k = mv_which(set, row);
         const int lr = row - (k ? set.end[k - 1] : 0);
         const uint8_t *wr = set.W[k] + (size_t)lr * set.row_bytes[k];
+        /* unrolled so several chunks' loads are in flight at once (one at a time
+         * left a 1536-column row latency-bound); the sums keep their order */
+#pragma unroll 4
         for (int c = part * 32 + lane; c < n_chunks; c += wpr * 32) {
             float w[8];
             deq8<T>(wr, c, w);
