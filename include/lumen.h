@@ -388,7 +388,8 @@ void lm_stats_update_rates(lm_stats *stats);
  * chunks so they do not stall decodes) and reuses every common prefix through a
  * prefix cache (a radix tree over KV blocks with LRU eviction). Outputs do not
  * depend on what else runs: the forward pass is batch-invariant, so a greedy
- * request gives the same tokens alone or among 32 others, cached or not.
+ * request gives the same tokens alone or among 32 others, cached or not, preempted
+ * or not.
  *
  * Every function may be called from any thread, except lm_engine_close (once, by
  * the owner, when no other thread uses the handle any more). */
@@ -456,7 +457,11 @@ void lm_future_free(lm_future *f); /* NULL is a no-op; does not cancel the job *
  * LM_ERR_LIMIT (the prompt leaves no room within max_kv_size), LM_ERR_NO_MEMORY
  * (the KV pool cannot hold this request even alone: prompt plus max_tokens, or
  * max_kv_size when max_tokens is -1). When the pool is busy the request waits for
- * room; it never fails for lack of it. `params` NULL = lm_generate_default_params(). */
+ * room; it never fails for lack of it. Requests are admitted when their prompt fits;
+ * when running sequences outgrow the pool, the most recently admitted gives its
+ * blocks back and later recomputes what it had (lm_engine_stats.n_preemptions):
+ * its output is the same as if it had never stopped. `params` NULL =
+ * lm_generate_default_params(). */
 lm_status lm_engine_request_start(lm_engine *e, const int32_t *prompt, size_t n_prompt, const lm_generate_params *params,
                                   lm_engine_request **out);
 

@@ -16,13 +16,18 @@
  * without it (forward passes, sampling, detokenizing, the KV and prefix cache are
  * the worker's alone) and publishes each step's results under `mu` again.
  *
- * A step: admit waiting requests while the batch has room and the KV pool can hold
- * their worst case (prompt + max_tokens, less what the prefix cache already holds);
- * put one token of every decoding request in the batch, then fill the rest of the
- * max_batch_tokens budget with prompt chunks (chunked prefill); copy-on-write the
- * shared block each sequence writes into first; one forward pass; sample for every
- * sequence that needed logits. A request that finishes or is cancelled gives its
- * blocks to the prefix cache (and back to the pool) at once.
+ * A step: admit waiting requests, oldest first, while the batch has room and the KV
+ * pool can hold their prompt and first token (less what the prefix cache already
+ * holds) beside what the running requests need next; plan one token of every
+ * decoding request, then prompt chunks up to max_batch_tokens (chunked prefill);
+ * give each running request, oldest first, the blocks its tokens need, evicting
+ * unshared prefix-cache blocks, and when none are left preempting the most recently
+ * admitted request (its blocks go to the prefix cache, it goes back to the front of
+ * the queue and later recomputes its prompt and the tokens it generated: greedy
+ * output is unchanged); copy-on-write the shared block each sequence writes into
+ * first; one forward pass; sample for every sequence that needed logits. A request
+ * that finishes or is cancelled gives its blocks to the prefix cache (and back to
+ * the pool) at once.
  *
  * Lifetimes. The engine struct is reference counted: the owner, each live request
  * handle and each future hold one, so a handle used after lm_engine_close still
@@ -81,13 +86,15 @@ struct lm_engine_request {
     /* set at start, then the worker's (gen.t_start never changes) */
     int32_t *tokens; /* prompt, then the generated tokens fed back */
     int64_t n_prompt, n_tokens, bound; /* bound: most tokens the sequence may hold */
+    int64_t n_target; /* tokens to compute before sampling: the prompt, or after a
+                         preemption every token so far (the last sampled included) */
     lm_gen gen;      /* sampling, detokenizing, stop strings, statistics */
 
     /* the worker's */
     rstate state;
     int32_t seq;
     int64_t n_computed; /* positions with K/V                              */
-    int64_t budget, n_new; /* worst-case blocks to take from the pool; taken */
+    int32_t n_preempted; /* times its blocks were taken back               */
     int32_t last_token;
     int64_t pending;    /* tokens of this request in the current batch      */
 
@@ -144,6 +151,7 @@ struct lm_engine {
     int32_t *b_tok, *b_pos, *b_seq, *match_blocks;
     int8_t *b_want;
     float *logits;
+    int64_t n_preemptions;
     double occupancy_sum, step_tokens_sum;
 };
 
@@ -185,7 +193,7 @@ void *lm_eng_worker(void *arg);
 
 /* ---- engine_scheduler.c (the worker) ---- */
 
-/* Worst-case blocks of a request that may hold `bound` tokens and reuses `cached`. */
+/* Blocks a request that may hold `bound` tokens takes at most, reusing `cached`. */
 int64_t lm_eng_worst_blocks(const lm_kv_cache *kv, int64_t bound, int64_t cached);
 /* Hands the request's sequence back: its blocks go to the prefix cache (if `keep`)
  * and to the pool. */

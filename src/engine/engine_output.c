@@ -99,6 +99,7 @@ void lm_eng_update_stats_locked(lm_engine *e) {
     e->st.n_cached_tokens = cs.hit_tokens;
     e->st.cache_hit_rate = cs.lookup_tokens > 0 ? (double)cs.hit_tokens / (double)cs.lookup_tokens : 0.0;
     e->st.kv_blocks_free = e->kv ? e->kv->n_free : 0;
+    e->st.n_preemptions = e->n_preemptions;
 }
 
 /* Publishes steps and lets go of finished requests (takes mu). */

@@ -78,6 +78,7 @@ lm_status lm_eng_request_create(lm_engine *e, const int32_t *prompt, size_t n_pr
     r->bound = bound;
     r->n_prompt = (int64_t)n_prompt;
     r->n_tokens = (int64_t)n_prompt;
+    r->n_target = (int64_t)n_prompt;
     r->last_token = -1;
     r->tokens = malloc(sizeof(int32_t) * (size_t)(bound + 1));
     if (!r->tokens) {

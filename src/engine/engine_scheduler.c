@@ -1,6 +1,7 @@
-/* The scheduler (on the worker): admission of waiting requests by worst-case KV
- * blocks, room in the pool for what a sequence computes next, and one step of
- * continuous batching: a token of every decoding request, then prompt chunks up
+/* The scheduler (on the worker): admission of waiting requests by the KV blocks
+ * they need before their first sample, room in the pool for what each sequence
+ * computes next (preempting the newest requests when there is none), and one step
+ * of continuous batching: a token of every decoding request, then prompt chunks up
  * to max_batch_tokens, one forward pass, sampling where logits were asked for. */
 #include "engine/engine_internal.h"
 
@@ -16,28 +17,37 @@ int64_t lm_eng_worst_blocks(const lm_kv_cache *kv, int64_t bound, int64_t cached
     return (bound + bs - 1) / bs - cached / bs;
 }
 
+/* The positions a request must hold before its next sample: the rest of its
+ * prompt and the first generated token while prefilling, the next token while
+ * decoding (never beyond its bound). */
+static int64_t next_target(const lm_engine_request *r) {
+    int64_t t = (r->state == R_DECODE ? r->n_computed : r->n_target) + 1;
+    return t < r->bound ? t : r->bound;
+}
+
 /* Tries to give the request a sequence: shares the cached prefix, checks the pool
- * can hold the rest at worst. false (nothing changed) when it must wait. */
-static bool admit(lm_engine *e, lm_engine_request *r, int64_t outstanding) {
+ * can hold what it computes before its first sample beside `reserved` blocks (what
+ * the running requests need next). false (nothing changed) when it must wait. */
+static bool admit(lm_engine *e, lm_engine_request *r, int64_t reserved) {
     if (e->n_free_slots == 0) return false;
     int32_t seq = e->free_slots[e->n_free_slots - 1];
     int64_t nb = 0;
-    int64_t m = lm_prefix_cache_match(e->pc, r->tokens, r->n_prompt, r->n_prompt - 1, e->match_blocks, &nb);
+    int64_t m = lm_prefix_cache_match(e->pc, r->tokens, r->n_target, r->n_target - 1, e->match_blocks, &nb);
     if (lm_kv_cache_attach(e->kv, seq, e->match_blocks, nb, m)) return false;
-    int64_t need = lm_eng_worst_blocks(e->kv, r->bound, m);
-    int64_t avail = e->kv->n_free + lm_prefix_cache_evictable(e->pc) - outstanding;
+    int64_t need = lm_kv_cache_blocks_needed(e->kv, seq, next_target(r));
+    int64_t avail = e->kv->n_free + lm_prefix_cache_evictable(e->pc) - reserved;
     if (need > avail) {
         lm_kv_cache_truncate(e->kv, seq, 0);
         return false;
     }
-    lm_prefix_cache_record(e->pc, r->n_prompt, m);
+    if (r->n_preempted == 0) { /* a readmission is no new lookup of the prompt */
+        lm_prefix_cache_record(e->pc, r->n_prompt, m);
+        r->gen.stats.n_cached_tokens = m;
+    }
     e->n_free_slots--;
     r->seq = seq;
     r->n_computed = m;
-    r->budget = need;
-    r->n_new = 0;
     r->state = R_PREFILL;
-    r->gen.stats.n_cached_tokens = m;
     return true;
 }
 
@@ -48,7 +58,6 @@ static lm_status make_room(lm_engine *e, lm_engine_request *r, int64_t target) {
     lm_status st = lm_kv_cache_cow(e->kv, r->seq, r->n_computed);
     if (!st) st = lm_kv_cache_reserve(e->kv, r->seq, target);
     if (st) return lm_error_prefix(st, "KV cache");
-    r->n_new += need;
     return LM_OK;
 }
 
@@ -69,57 +78,118 @@ static void remove_running(lm_engine *e, int32_t i) {
     e->n_running--;
 }
 
+/* Takes the sequence of running[i] back (its blocks to the prefix cache, which
+ * keeps what its budget allows) and puts the request at the front of the queue: it
+ * will recompute every token it holds, the last one sampled included, and sample
+ * again from there. Nothing it streamed changes: its sampler, detokenizer and stop
+ * matcher keep their state. */
+static void preempt(lm_engine *e, int32_t i, pubs *ps) {
+    lm_engine_request *r = e->running[i];
+    remove_running(e, i);
+    if (e->n_waiting == e->cap_waiting) {
+        int64_t cap = e->cap_waiting ? e->cap_waiting * 2 : 64;
+        lm_engine_request **nw = realloc(e->waiting, sizeof *nw * (size_t)cap);
+        if (!nw) {
+            lm_eng_finish_request(e, r, LM_FINISH_ERROR,
+                                  lm_error(LM_ERR_NO_MEMORY, "out of memory preempting a request"), lm_last_error(),
+                                  ps);
+            return;
+        }
+        e->waiting = nw;
+        e->cap_waiting = cap;
+    }
+    if (r->state == R_DECODE) r->tokens[r->n_tokens++] = r->last_token;
+    r->n_target = r->n_tokens;
+    r->pending = 0;
+    lm_eng_release_seq(e, r, true);
+    r->n_computed = 0;
+    r->state = R_WAITING;
+    r->n_preempted++;
+    e->n_preemptions++;
+    memmove(e->waiting + 1, e->waiting, sizeof *e->waiting * (size_t)e->n_waiting);
+    e->waiting[0] = r;
+    e->n_waiting++;
+}
+
+/* What each running request computes this step (r->pending): one token per
+ * decoding request, then prompt chunks, oldest first, up to max_batch_tokens. */
+static void plan(lm_engine *e) {
+    int64_t n_decode = 0;
+    for (int32_t i = 0; i < e->n_running; i++) {
+        lm_engine_request *r = e->running[i];
+        r->pending = r->state == R_DECODE;
+        n_decode += r->pending;
+    }
+    int64_t budget = e->p.max_batch_tokens > n_decode ? e->p.max_batch_tokens - n_decode : 0;
+    if (n_decode == 0 && budget == 0) budget = 1;
+    for (int32_t i = 0; i < e->n_running && budget > 0; i++) {
+        lm_engine_request *r = e->running[i];
+        if (r->state != R_PREFILL) continue;
+        int64_t k = r->n_target - r->n_computed;
+        r->pending = k < budget ? k : budget;
+        budget -= r->pending;
+    }
+}
+
+/* Gives every planned request, oldest first, the blocks it writes this step. When
+ * the pool (after evicting unshared prefix-cache blocks) has too few, the most
+ * recently admitted request gives its blocks back, until there is room or the one
+ * asking was itself the newest (it waits then). A request alone that still finds
+ * no room ends with the error. */
+static void reserve(lm_engine *e, pubs *ps) {
+    for (int32_t i = 0; i < e->n_running; i++) {
+        lm_engine_request *r = e->running[i];
+        if (!r->pending) continue;
+        while (make_room(e, r, r->n_computed + r->pending)) {
+            if (e->n_running == 1) {
+                lm_eng_finish_request(e, r, LM_FINISH_ERROR, LM_ERR_NO_MEMORY, lm_last_error(), ps);
+                r->pending = 0;
+                break;
+            }
+            lm_clear_error();
+            int32_t victim = e->n_running - 1;
+            preempt(e, victim, ps);
+            if (victim == i) break;
+        }
+    }
+}
+
 /* One scheduler step over the running requests. */
 static void step(lm_engine *e, pubs *ps) {
+    plan(e);
+    reserve(e, ps);
     int64_t n = 0, n_out = 0;
     int32_t n_decode = 0;
     lm_engine_request *with_logits[4096];
-    int64_t budget = e->p.max_batch_tokens;
     /* decodes first: one token each */
     for (int32_t i = 0; i < e->n_running; i++) {
         lm_engine_request *r = e->running[i];
-        if (r->state != R_DECODE) continue;
-        if (make_room(e, r, r->n_computed + 1)) {
-            lm_eng_finish_request(e, r, LM_FINISH_ERROR, LM_ERR_NO_MEMORY, lm_last_error(), ps);
-            continue;
-        }
+        if (r->state != R_DECODE || !r->pending) continue;
         e->b_tok[n] = r->last_token;
         e->b_pos[n] = (int32_t)r->n_computed;
         e->b_seq[n] = r->seq;
         e->b_want[n] = 1;
         r->tokens[r->n_tokens++] = r->last_token;
-        r->pending = 1;
         n++;
         with_logits[n_out++] = r;
         n_decode++;
     }
-    budget = budget > n_decode ? budget - n_decode : 0;
-    if (n_decode == 0 && budget == 0) budget = 1;
     /* then prompt chunks, oldest first */
-    for (int32_t i = 0; i < e->n_running && budget > 0; i++) {
+    for (int32_t i = 0; i < e->n_running; i++) {
         lm_engine_request *r = e->running[i];
-        if (r->state != R_PREFILL) continue;
-        int64_t k = r->n_prompt - r->n_computed;
-        if (k > budget) k = budget;
-        if (make_room(e, r, r->n_computed + k)) {
-            lm_eng_finish_request(e, r, LM_FINISH_ERROR, LM_ERR_NO_MEMORY, lm_last_error(), ps);
-            continue;
-        }
-        for (int64_t j = 0; j < k; j++) {
+        if (r->state != R_PREFILL || !r->pending) continue;
+        for (int64_t j = 0; j < r->pending; j++) {
             e->b_tok[n] = r->tokens[r->n_computed + j];
             e->b_pos[n] = (int32_t)(r->n_computed + j);
             e->b_seq[n] = r->seq;
             e->b_want[n] = 0;
             n++;
         }
-        budget -= k;
-        r->pending = k;
-        if (r->n_computed + k == r->n_prompt) {
+        if (r->n_computed + r->pending == r->n_target) {
             e->b_want[n - 1] = 1;
             with_logits[n_out++] = r;
         }
     }
-    /* requests that failed above are done: drop them from the batch list */
     if (n == 0) return;
     lm_batch batch = {n, e->b_tok, e->b_pos, e->b_seq, e->b_want};
     double t0 = lm_now_s();
@@ -171,13 +241,16 @@ void lm_eng_drop_done(lm_engine *e) {
 }
 
 void lm_eng_schedule(lm_engine *e, pubs *ps) {
-    /* admission, in arrival order */
-    int64_t outstanding = 0;
-    for (int32_t i = 0; i < e->n_running; i++) outstanding += e->running[i]->budget - e->running[i]->n_new;
+    /* admission, in arrival order (preempted requests first) */
+    int64_t reserved = 0;
+    for (int32_t i = 0; i < e->n_running; i++) {
+        lm_engine_request *r = e->running[i];
+        reserved += lm_kv_cache_blocks_needed(e->kv, r->seq, next_target(r));
+    }
     while (e->n_waiting > 0 && e->n_running < e->p.batch_size) {
         lm_engine_request *r = e->waiting[0];
-        if (!admit(e, r, outstanding)) break;
-        outstanding += r->budget;
+        if (!admit(e, r, reserved)) break;
+        reserved += lm_kv_cache_blocks_needed(e->kv, r->seq, next_target(r));
         e->running[e->n_running++] = r;
         memmove(e->waiting, e->waiting + 1, sizeof *e->waiting * (size_t)(e->n_waiting - 1));
         e->n_waiting--;

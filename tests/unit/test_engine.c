@@ -4,6 +4,7 @@
  * futures, streaming requests equal to the standalone generator token for token,
  * many requests batched together equal each alone, prefix-cache hits equal misses,
  * the prefix messages computed once (prefill counts), admission waiting for room,
+ * preemption when running sequences outgrow the pool (outputs unchanged),
  * cancellation freeing blocks, processors from the engine's factory. */
 #include <math.h>
 #include <pthread.h>
@@ -390,6 +391,128 @@ static void test_streaming_and_batching(void) {
     CHECK(ps.built == ps.released && ps.built >= 8);
 }
 
+/* ---- preemption ---- */
+
+typedef struct run_out {
+    int32_t toks[64];
+    int n;
+    char text[512];
+    size_t len;
+    lm_finish_reason why;
+} run_out;
+
+static void run_text(lm_engine_request *r, run_out *o) {
+    o->n = 0;
+    o->len = 0;
+    o->text[0] = '\0';
+    lm_step s;
+    do {
+        lm_status st = lm_engine_request_next(r, &s);
+        CHECK(st == LM_OK);
+        if (st) break;
+        if (s.token >= 0 && o->n < 64) o->toks[o->n++] = s.token;
+        if (o->len + s.text_len < sizeof o->text) {
+            memcpy(o->text + o->len, s.text, s.text_len);
+            o->len += s.text_len;
+            o->text[o->len] = '\0';
+        }
+    } while (s.finish == LM_FINISH_NONE);
+    o->why = s.finish;
+}
+
+/* Holds the worker until the flag is set: requests started meanwhile are all queued
+ * when it looks, so the schedule (and the preemptions) do not depend on timing. */
+static lm_status gate_job(lm_engine *e, void *arg, void **result) {
+    (void)e;
+    (void)result;
+    while (!__atomic_load_n((int *)arg, __ATOMIC_ACQUIRE)) usleep(1000);
+    return LM_OK;
+}
+
+/* A pool too small for the batch's growth: the newest running requests give their
+ * blocks back and recompute later. Every request's tokens and text equal the same
+ * request run alone with room to spare, greedy (and the standalone generator) and
+ * sampled with a seed; with the prefix cache on (recomputing from the blocks it kept)
+ * and off (from scratch). */
+static void test_preemption(void) {
+    enum { N = 6, MAXT = 40 };
+    int32_t prompts[N][40];
+    int lens[N];
+    for (int i = 0; i < N; i++) {
+        lens[i] = 18 + i;
+        make_prompt(prompts[i], lens[i], 40 + i);
+    }
+    const char *stops[1] = {"zq"}; /* exercised, hardly ever matched */
+    lm_generate_params gs[2] = {greedy(MAXT), greedy(MAXT)};
+    gs[1].sampling.temperature = 0.9f;
+    gs[1].sampling.top_k = 40;
+    gs[1].sampling.seed = 1234;
+    gs[1].stop = stops;
+    gs[1].n_stop = 1;
+    gs[1].logprobs = true;
+
+    /* alone, with room to spare */
+    static run_out alone[2][N];
+    lm_engine *e = open_engine(small_params());
+    lm_engine_stats es;
+    CHECK(lm_engine_get_stats(e, &es) == LM_OK);
+    uint64_t per_block = es.kv_bytes / (uint64_t)es.kv_blocks;
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < N; i++) {
+            lm_engine_request *r;
+            CHECK(lm_engine_request_start(e, prompts[i], (size_t)lens[i], &gs[k], &r) == LM_OK);
+            run_text(r, &alone[k][i]);
+            lm_engine_request_free(r);
+            CHECK(alone[k][i].n == MAXT && alone[k][i].why == LM_FINISH_LENGTH);
+        }
+    lm_engine_close(e);
+    int32_t ref[MAXT];
+    CHECK(reference_tokens(prompts[0], lens[0], MAXT, ref) == MAXT);
+    CHECK(memcmp(ref, alone[0][0].toks, sizeof ref) == 0);
+
+    /* 4 running sequences of 2 blocks take 8 of 9; each grows to 4 (58-63 tokens) */
+    int64_t recomputed[2];
+    for (int cache = 0; cache < 2; cache++) {
+        lm_engine_params p = small_params();
+        p.batch_size = 4;
+        p.max_kv_bytes = per_block * 9;
+        p.prefix_cache_bytes = cache ? 0 : 1; /* 1 byte: keeps nothing */
+        e = open_engine(p);
+        for (int k = 0; k < 2; k++) {
+            lm_engine_request *rs[N];
+            int open = 0;
+            lm_future *gate;
+            CHECK(lm_engine_submit(e, gate_job, &open, &gate) == LM_OK);
+            for (int i = 0; i < N; i++)
+                CHECK(lm_engine_request_start(e, prompts[i], (size_t)lens[i], &gs[k], &rs[i]) == LM_OK);
+            __atomic_store_n(&open, 1, __ATOMIC_RELEASE);
+            CHECK(lm_future_wait(gate, NULL) == LM_OK);
+            lm_future_free(gate);
+            for (int i = 0; i < N; i++) {
+                run_out o;
+                run_text(rs[i], &o);
+                if (o.n != alone[k][i].n || memcmp(o.toks, alone[k][i].toks, sizeof(int32_t) * (size_t)o.n) ||
+                    strcmp(o.text, alone[k][i].text) != 0)
+                    fprintf(stderr, "preemption: cache %d, params %d, request %d differs from alone\n", cache, k, i);
+                CHECK(o.n == alone[k][i].n && memcmp(o.toks, alone[k][i].toks, sizeof(int32_t) * (size_t)o.n) == 0);
+                CHECK(strcmp(o.text, alone[k][i].text) == 0 && o.why == alone[k][i].why);
+                lm_stats st;
+                CHECK(lm_engine_request_stats(rs[i], &st) == LM_OK);
+                CHECK(st.n_generated_tokens == MAXT && st.n_prompt_tokens == lens[i]);
+                lm_engine_request_free(rs[i]);
+            }
+        }
+        CHECK(lm_engine_get_stats(e, &es) == LM_OK);
+        recomputed[cache] = es.n_prefill_tokens - (es.n_prompt_tokens - es.n_cached_tokens);
+        printf("preemption, prefix cache %s: %lld preemptions, %lld tokens recomputed\n", cache ? "on" : "off",
+               (long long)es.n_preemptions, (long long)recomputed[cache]);
+        CHECK(es.n_preemptions > 0 && recomputed[cache] > 0);
+        CHECK(es.n_finished == 2 * N && es.n_running == 0 && es.n_waiting == 0);
+        lm_engine_close(e);
+    }
+    CHECK(recomputed[1] < recomputed[0]); /* the cache kept some of what preempted requests had */
+}
+
 static int g_progress_calls;
 static size_t g_progress_last;
 static void on_progress(size_t done, size_t total, void *user) {
@@ -496,6 +619,7 @@ int main(void) {
     test_bad_input();
     test_jobs();
     test_streaming_and_batching();
+    test_preemption();
     test_generate_prefix();
 
     unlink(g_path);

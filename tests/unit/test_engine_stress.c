@@ -1,8 +1,9 @@
 /* The engine under concurrent use, for ThreadSanitizer (make test-tsan): several
- * threads start requests, stream them, cancel some mid-way, free some without
- * reading them to the end, submit jobs and read statistics, all at once; a batch
- * generate runs beside them; then the engine closes with jobs still queued (they
- * run) and requests still held (they end cancelled). Greedy outputs of the
+ * threads start requests, stream them (two each at a time), cancel some mid-way,
+ * free some without reading them to the end, submit jobs and read statistics, all
+ * at once, in a KV pool so small that the scheduler preempts running requests; a
+ * batch generate runs beside them; then the engine closes with jobs still queued
+ * (they run) and requests still held (they end cancelled). Greedy outputs of the
  * requests that ran to the end must equal the same prompt run alone. */
 #include <pthread.h>
 #include <stdlib.h>
@@ -14,7 +15,7 @@
 #include "test.h"
 #include "tiny_model.h"
 
-enum { N_THREADS = 4, PER_THREAD = 6, MAXT = 6 };
+enum { N_THREADS = 4, PER_THREAD = 6, MAXT = 32 };
 
 static char g_dir[256], g_path[512];
 static lm_engine *g_engine;
@@ -42,37 +43,57 @@ static lm_status count_job(lm_engine *e, void *arg, void **result) {
     return LM_OK;
 }
 
+/* One of a client's requests in flight. mode 0, 1: to the end; 2: cancelled after
+ * two tokens; 3: freed after three without reading on. */
+typedef struct live {
+    lm_engine_request *r;
+    int mode, which, got;
+    int32_t toks[64];
+    bool over;
+    lm_finish_reason finish;
+} live;
+
 static void *client(void *arg) {
     int id = (int)(intptr_t)arg;
     for (int k = 0; k < PER_THREAD; k++) {
-        int which = (id + k) % 8;
-        int32_t prompt[40];
-        int n = 8 + which * 3;
-        make_prompt(prompt, n, which);
-        int mode = (id * PER_THREAD + k) % 4; /* 0,1: to the end; 2: cancel; 3: free early */
-        lm_generate_params g = greedy(mode >= 2 ? -1 : MAXT);
-        lm_engine_request *r = NULL;
-        if (lm_engine_request_start(g_engine, prompt, (size_t)n, &g, &r) != LM_OK) {
-            CHECK(!"request_start failed");
-            continue;
-        }
-        lm_step s;
-        int got = 0;
-        int32_t toks[64];
-        do {
-            if (lm_engine_request_next(r, &s) != LM_OK) {
-                CHECK(!"next failed");
-                break;
+        /* two requests at once, read a step at a time in turn: more live sequences
+         * than the pool can grow, so the scheduler preempts while others stream */
+        live L[2] = {{0}};
+        for (int j = 0; j < 2; j++) {
+            L[j].which = (id + k + 3 * j) % 8;
+            L[j].mode = (id * PER_THREAD + k + j) % 4;
+            int32_t prompt[40];
+            int n = 8 + L[j].which * 3;
+            make_prompt(prompt, n, L[j].which);
+            lm_generate_params g = greedy(L[j].mode >= 2 ? -1 : MAXT);
+            if (lm_engine_request_start(g_engine, prompt, (size_t)n, &g, &L[j].r) != LM_OK) {
+                CHECK(!"request_start failed");
+                L[j].over = true;
             }
-            if (s.token >= 0 && got < 64) toks[got++] = s.token;
-            if (mode == 2 && got == 2) lm_engine_request_cancel(r);
-            if (mode == 3 && got == 3) break;
-        } while (s.finish == LM_FINISH_NONE);
-        if (mode < 2) {
-            CHECK(got == MAXT);
-            CHECK(memcmp(toks, g_ref[which], sizeof(int32_t) * MAXT) == 0);
         }
-        if (mode == 2) CHECK(s.finish == LM_FINISH_CANCELLED);
+        while (!L[0].over || !L[1].over) {
+            for (int j = 0; j < 2; j++) {
+                live *l = &L[j];
+                if (l->over) continue;
+                lm_step s;
+                if (lm_engine_request_next(l->r, &s) != LM_OK) {
+                    CHECK(!"next failed");
+                    l->over = true;
+                    continue;
+                }
+                if (s.token >= 0 && l->got < 64) l->toks[l->got++] = s.token;
+                if (l->mode == 2 && l->got == 2) lm_engine_request_cancel(l->r);
+                l->finish = s.finish;
+                l->over = s.finish != LM_FINISH_NONE || (l->mode == 3 && l->got == 3);
+            }
+        }
+        for (int j = 0; j < 2; j++) {
+            if (L[j].mode < 2) {
+                CHECK(L[j].got == MAXT);
+                CHECK(memcmp(L[j].toks, g_ref[L[j].which], sizeof(int32_t) * MAXT) == 0);
+            }
+            if (L[j].mode == 2) CHECK(L[j].finish == LM_FINISH_CANCELLED);
+        }
         lm_engine_stats st;
         CHECK(lm_engine_get_stats(g_engine, &st) == LM_OK);
         lm_future *f;
@@ -80,7 +101,8 @@ static void *client(void *arg) {
             if (k % 2) CHECK(lm_future_wait(f, NULL) == LM_OK);
             lm_future_free(f);
         }
-        lm_engine_request_free(r);
+        lm_engine_request_free(L[0].r);
+        lm_engine_request_free(L[1].r);
     }
     return NULL;
 }
@@ -189,14 +211,19 @@ int main(void) {
     CHECK(lm_engine_get_stats(g_engine, &es) == LM_OK);
     lm_engine_close(g_engine);
 
-    /* a small pool, so admission has to wait */
-    p.max_kv_bytes = es.kv_bytes / (uint64_t)es.kv_blocks * 20;
+    /* a small pool: admission waits, running sequences outgrow it (preemption) */
+    p.max_kv_bytes = es.kv_bytes / (uint64_t)es.kv_blocks * 11;
     CHECK(lm_engine_create(g_path, &p, &g_engine) == LM_OK);
     CHECK(lm_engine_wait_loaded(g_engine) == LM_OK);
     pthread_t th[N_THREADS + 1];
     for (int i = 0; i < N_THREADS; i++) pthread_create(&th[i], NULL, client, (void *)(intptr_t)i);
     pthread_create(&th[N_THREADS], NULL, batch_client, NULL);
     for (int i = 0; i <= N_THREADS; i++) pthread_join(th[i], NULL);
+
+    lm_engine_stats es2;
+    CHECK(lm_engine_get_stats(g_engine, &es2) == LM_OK);
+    printf("%lld requests, %lld preemptions, %lld jobs\n", (long long)es2.n_requests, (long long)es2.n_preemptions,
+           (long long)es2.n_jobs);
 
     /* close with jobs queued and requests held */
     lm_engine_request *held[3];
