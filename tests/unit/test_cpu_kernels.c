@@ -10,6 +10,7 @@
 #include "backend/cpu/cpu_features.h"
 #include "backend/cpu/cpu_internal.h"
 #include "backend/cpu/cpu_q8.h"
+#include "kv/kv_cache.h"
 #include "tensor/quant.h"
 #include "test.h"
 
@@ -188,6 +189,124 @@ static void test_q8_quantize(void) {
     CHECK(a[0].d == 0.0f && a[0].q[5] == 0 && a[0].sum16[0] == 0 && a[0].s == 0.0f);
 }
 
+/* Attention over a paged cache: against a double-precision reference within
+ * tolerance, and batch invariance bit for bit: each token's output computed alone
+ * equals the same token's output inside a batch (several sequences interleaved,
+ * sliding windows, GQA groups of 1..6, head dims 64..256, F16 and F32 caches). */
+typedef struct attn_shape {
+    int64_t n_head, n_head_kv, hd, window;
+    lm_dtype type;
+    int threads;
+} attn_shape;
+
+static void attention_case(const attn_shape *sh) {
+    enum { SEQS = 2, LEN = 70, N = SEQS * LEN };
+    int64_t d_q = sh->n_head * sh->hd, d_kv = sh->n_head_kv * sh->hd;
+    lm_backend *b = NULL;
+    lm_kv_cache *kv = NULL;
+    CHECK(lm_backend_cpu_create(sh->threads, &b) == LM_OK);
+    CHECK(lm_kv_cache_create(b, 2, d_kv, 16, 2 * (LEN / 16 + 1) * SEQS, SEQS, sh->type, &kv) == LM_OK);
+    if (!b || !kv) return;
+    float *q = malloc(sizeof(float) * N * d_q), *k = malloc(sizeof(float) * N * d_kv);
+    float *v = malloc(sizeof(float) * N * d_kv), *out = malloc(sizeof(float) * N * d_q);
+    float *one = malloc(sizeof(float) * d_q);
+    int32_t pos[N], seq[N];
+    /* sequences interleaved token by token, positions 0..LEN-1 each */
+    for (int i = 0; i < N; i++) seq[i] = i % SEQS, pos[i] = i / SEQS;
+    for (int64_t i = 0; i < N * d_q; i++) q[i] = frand() * 2.0f;
+    for (int64_t i = 0; i < N * d_kv; i++) k[i] = frand() * 2.0f, v[i] = frand();
+    for (int s = 0; s < SEQS; s++) CHECK(lm_kv_cache_reserve(kv, s, LEN) == LM_OK);
+    lm_attn_batch all = {N, pos, seq};
+    const int layer = 1;
+    b->ops->kv_store(b, kv, layer, &all, k, v);
+    float scale = 1.0f / sqrtf((float)sh->hd);
+    CHECK(b->ops->attention(b, kv, layer, &all, q, sh->n_head, sh->n_head_kv, sh->hd, sh->window, scale, out) == LM_OK);
+    /* reference from the values as stored (F16 cache: keys, values and q rounded) */
+    bool f16 = sh->type == LM_DTYPE_F16;
+#define R16(x) (f16 ? lm_f16_to_f32(lm_f32_to_f16(x)) : (x))
+    double worst = 0.0;
+    int64_t group = sh->n_head / sh->n_head_kv;
+    for (int t = 0; t < N; t++)
+        for (int64_t h = 0; h < sh->n_head; h++) {
+            int64_t hk = h / group, lo = sh->window > 0 && pos[t] - sh->window + 1 > 0 ? pos[t] - sh->window + 1 : 0;
+            double sc[LEN], mx = -1e300, sum = 0.0;
+            for (int64_t p = lo; p <= pos[t]; p++) {
+                int u = (int)(p * SEQS + seq[t]); /* the batch index that wrote (seq, p) */
+                double dot = 0.0;
+                for (int64_t e = 0; e < sh->hd; e++)
+                    dot += (double)R16(q[t * d_q + h * sh->hd + e]) * R16(k[u * d_kv + hk * sh->hd + e]);
+                sc[p] = dot * scale;
+                mx = fmax(mx, sc[p]);
+            }
+            for (int64_t p = lo; p <= pos[t]; p++) sum += (sc[p] = exp(sc[p] - mx));
+            for (int64_t e = 0; e < sh->hd; e++) {
+                double o = 0.0, mag = 0.0;
+                for (int64_t p = lo; p <= pos[t]; p++) {
+                    int u = (int)(p * SEQS + seq[t]);
+                    o += sc[p] / sum * R16(v[u * d_kv + hk * sh->hd + e]);
+                    mag += sc[p] / sum * fabs(R16(v[u * d_kv + hk * sh->hd + e]));
+                }
+                worst = fmax(worst, fabs(o - out[t * d_q + h * sh->hd + e]) / (mag + 1e-30));
+            }
+        }
+#undef R16
+    /* each token alone (decode), and runs of 5 tokens of one sequence */
+    int mismatches = 0;
+    for (int t = 0; t < N; t++) {
+        lm_attn_batch single = {1, &pos[t], &seq[t]};
+        CHECK(b->ops->attention(b, kv, layer, &single, q + t * d_q, sh->n_head, sh->n_head_kv, sh->hd, sh->window, scale,
+                                one) == LM_OK);
+        mismatches += memcmp(one, out + t * d_q, sizeof(float) * d_q) != 0;
+    }
+    {
+        int32_t p5[5], s5[5];
+        float q5[5 * 256 * 8], o5[5 * 256 * 8];
+        for (int t0 = 0; t0 + 5 <= LEN && 5 * d_q <= (int64_t)(sizeof q5 / sizeof q5[0]); t0 += 13) {
+            for (int i = 0; i < 5; i++) {
+                int t = (t0 + i) * SEQS + 1; /* sequence 1, positions t0..t0+4 */
+                p5[i] = pos[t], s5[i] = seq[t];
+                memcpy(q5 + i * d_q, q + t * d_q, sizeof(float) * d_q);
+            }
+            lm_attn_batch five = {5, p5, s5};
+            CHECK(b->ops->attention(b, kv, layer, &five, q5, sh->n_head, sh->n_head_kv, sh->hd, sh->window, scale, o5) ==
+                  LM_OK);
+            for (int i = 0; i < 5; i++)
+                mismatches += memcmp(o5 + i * d_q, out + ((t0 + i) * SEQS + 1) * d_q, sizeof(float) * d_q) != 0;
+        }
+    }
+    {
+        /* all of sequence 1 in one contiguous run: items of many tokens and blocks */
+        int32_t pl[LEN], sl[LEN];
+        float *ql = malloc(sizeof(float) * LEN * d_q), *ol = malloc(sizeof(float) * LEN * d_q);
+        for (int i = 0; i < LEN; i++) {
+            int t = i * SEQS + 1;
+            pl[i] = pos[t], sl[i] = seq[t];
+            memcpy(ql + i * d_q, q + t * d_q, sizeof(float) * d_q);
+        }
+        lm_attn_batch run = {LEN, pl, sl};
+        CHECK(b->ops->attention(b, kv, layer, &run, ql, sh->n_head, sh->n_head_kv, sh->hd, sh->window, scale, ol) ==
+              LM_OK);
+        for (int i = 0; i < LEN; i++) mismatches += memcmp(ol + i * d_q, out + (i * SEQS + 1) * d_q, sizeof(float) * d_q) != 0;
+        free(ql), free(ol);
+    }
+    printf("  attention %s heads %lld/%lld dim %lld window %lld, %d thread(s): vs double %.2e, alone == batched: %s\n",
+           f16 ? "F16" : "F32", (long long)sh->n_head, (long long)sh->n_head_kv, (long long)sh->hd,
+           (long long)sh->window, sh->threads, worst, mismatches ? "NO" : "yes");
+    CHECK(worst < (f16 ? 2e-3 : 1e-5));
+    CHECK(mismatches == 0);
+    free(q), free(k), free(v), free(out), free(one);
+    lm_kv_cache_free(kv);
+    lm_backend_free(b);
+}
+
+static void test_attention(void) {
+    const attn_shape shapes[] = {
+        {4, 1, 256, 0, LM_DTYPE_F16, 1},  {4, 1, 256, 24, LM_DTYPE_F16, 2}, {12, 2, 128, 0, LM_DTYPE_F16, 2},
+        {12, 2, 128, 0, LM_DTYPE_F32, 1}, {9, 3, 64, 33, LM_DTYPE_F32, 2},  {3, 3, 64, 0, LM_DTYPE_F16, 1},
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) attention_case(&shapes[i]);
+}
+
 /* f32 dot with its target clones vs a plain double loop */
 static void test_dot_f32(void) {
     float a[1003], b[1003];
@@ -207,5 +326,6 @@ int main(void) {
     test_q8_accuracy();
     test_q8_kernels();
     test_dot_f32();
+    test_attention();
     TEST_MAIN_END();
 }

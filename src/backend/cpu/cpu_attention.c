@@ -1,5 +1,8 @@
-/* Attention over the paged KV cache. Each (token, head) pair is independent: the
- * work is split over them across the pool.
+/* Attention over the paged KV cache, and storing keys and values into it.
+ *
+ * On AVX-512 CPUs attention runs in cpu_attention_avx512.c (16 queries per vector);
+ * below is the portable version. Each (token, head) pair is independent: the work is
+ * split over them across the pool.
  *
  * With an F16 cache the arithmetic is that of f16 dot products: the query is rounded
  * to f16 like the keys, and the softmax weights are rounded to f16 before they meet
@@ -69,6 +72,26 @@ typedef float (*dot_f16_fn)(const float *, const uint16_t *, int64_t);
 typedef void (*axpy_f16_fn)(float *, float, const uint16_t *, int64_t);
 typedef float (*round_fn)(float);
 
+#if defined(__x86_64__)
+__attribute__((target("avx2,f16c"))) static void to_f16_f16c(const float *x, uint16_t *h, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(h + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) h[i] = lm_f32_to_f16(x[i]);
+}
+#endif
+
+/* f32 -> f16, rounding to nearest even (F16C gives the same bits as lm_f32_to_f16) */
+static void to_f16(const float *x, uint16_t *h, int64_t n) {
+#if defined(__x86_64__)
+    if (lm_cpu_has_avx2()) {
+        to_f16_f16c(x, h, n);
+        return;
+    }
+#endif
+    for (int64_t i = 0; i < n; i++) h[i] = lm_f32_to_f16(x[i]);
+}
+
 void lm_cpu_kv_store(lm_backend *b, lm_kv_cache *kv, int64_t layer, const lm_attn_batch *batch, const float *k,
                      const float *v) {
     (void)b;
@@ -80,11 +103,8 @@ void lm_cpu_kv_store(lm_backend *b, lm_kv_cache *kv, int64_t layer, const lm_att
             memcpy((float *)kv->k + off, k + t * d, (size_t)d * sizeof(float));
             memcpy((float *)kv->v + off, v + t * d, (size_t)d * sizeof(float));
         } else {
-            uint16_t *kd = (uint16_t *)kv->k + off, *vd = (uint16_t *)kv->v + off;
-            for (int64_t e = 0; e < d; e++) {
-                kd[e] = lm_f32_to_f16(k[t * d + e]);
-                vd[e] = lm_f32_to_f16(v[t * d + e]);
-            }
+            to_f16(k + t * d, (uint16_t *)kv->k + off, d);
+            to_f16(v + t * d, (uint16_t *)kv->v + off, d);
         }
     }
 }
@@ -171,6 +191,11 @@ static void attn_worker(void *ctx, int ith, int nth) {
 lm_status lm_cpu_attention(lm_backend *b, const lm_kv_cache *kv, int64_t layer, const lm_attn_batch *batch,
                            const float *q, int64_t n_head, int64_t n_head_kv, int64_t head_dim, int64_t window,
                            float scale, float *out) {
+    if (lm_cpu_attention_avx512_supported(n_head, n_head_kv, head_dim, kv)) {
+        lm_status st = lm_cpu_attention_avx512(b, kv, layer, batch, q, n_head, n_head_kv, head_dim, window, scale, out);
+        if (st == LM_ERR_NO_MEMORY) return lm_error(LM_ERR_NO_MEMORY, "out of memory for attention scores");
+        return st;
+    }
     int64_t max_pos = 0;
     for (int64_t t = 0; t < batch->n_tokens; t++)
         if (batch->pos[t] > max_pos) max_pos = batch->pos[t];

@@ -70,6 +70,12 @@ void lm_cpu_swiglu(lm_backend *b, const float *gate, const float *up, int64_t n,
 void lm_cpu_geglu(lm_backend *b, const float *gate, const float *up, int64_t n, float *out);
 void lm_cpu_kv_store(lm_backend *b, struct lm_kv_cache *kv, int64_t layer, const lm_attn_batch *batch,
                      const float *k, const float *v);
+/* The AVX-512 attention (cpu_attention_avx512.c) and whether it takes these shapes. */
+bool lm_cpu_attention_avx512_supported(int64_t n_head, int64_t n_head_kv, int64_t head_dim,
+                                       const struct lm_kv_cache *kv);
+lm_status lm_cpu_attention_avx512(lm_backend *b, const struct lm_kv_cache *kv, int64_t layer,
+                                  const lm_attn_batch *batch, const float *q, int64_t n_head, int64_t n_head_kv,
+                                  int64_t head_dim, int64_t window, float scale, float *out);
 lm_status lm_cpu_attention(lm_backend *b, const struct lm_kv_cache *kv, int64_t layer, const lm_attn_batch *batch,
                       const float *q, int64_t n_head, int64_t n_head_kv, int64_t head_dim, int64_t window,
                       float scale, float *out);
