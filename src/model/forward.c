@@ -142,13 +142,10 @@ static lm_status matmul_many(lm_backend *b, const lm_weight *const *w, int n_w, 
 
 /* The shape of a pass for a backend that records passes: the same key means the
  * same ops on the same buffers (the ops a pass issues depend only on the batch's
- * shape; its host metadata fills them in). 0: not recorded — passes of more than
- * RECORD_MAX_TOKENS are bound by their kernels, not by launches, and a recorded
- * 512-token prefill measured at half the speed of direct launches on the H200. */
-enum { RECORD_MAX_TOKENS = 256 };
-
+ * shape; its host metadata fills them in). 0: not recordable (buffers of its own).
+ * The backend decides which shapes are worth recording. */
 static uint64_t pass_key(const lm_kv_cache *kv, const lm_batch *batch, const scratch *s, bool kept) {
-    if (!kept || batch->n_tokens > RECORD_MAX_TOKENS) return 0;
+    if (!kept) return 0;
     uint64_t h = 1469598103934665603ULL;
 #define MIX(v)                        \
     do {                              \

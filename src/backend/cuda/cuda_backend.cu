@@ -590,8 +590,14 @@ extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
     snprintf(cu->name, sizeof cu->name, "%s", prop.name);
     const char *graphs = getenv("LUMEN_CUDA_GRAPHS"); /* 0: every op launched as called */
     cu->graphs_on = !(graphs && strcmp(graphs, "0") == 0);
+    /* long passes are bound by their kernels rather than by launches, and a recorded
+     * 512-token prefill measured slower than direct launches (cause not established) */
+    const char *rec = getenv("LUMEN_CUDA_RECORD_MAX_N");
+    cu->record_max_n = rec && atoll(rec) > 0 ? atoll(rec) : 256;
     const char *mv = getenv("LUMEN_CUDA_MV_MAX_N");
     cu->mv_max_n = mv && atoll(mv) > 0 ? atoll(mv) : 16;
+    const char *chunk = getenv("LUMEN_CUDA_GEMM_CHUNK");
+    cu->gemm_chunk = chunk && atoll(chunk) >= 16 && atoll(chunk) <= 4096 ? atoll(chunk) / 16 * 16 : 128;
     lm_status st = LM_OK;
     int pools = 0;
     if ((e = cudaSetDevice(device)) != cudaSuccess ||

@@ -75,7 +75,7 @@ extern "C" lm_status lm_cuda_pass_begin(lm_backend *b, uint64_t key, const lm_kv
     if (st) return st;
     if (cu->pass_mode != LM_CUDA_PASS_DIRECT)
         return lm_error(LM_ERR_INTERNAL, "pass_begin: the previous pass was not ended");
-    if (key == 0 || !cu->graphs_on || !kv || !batch) return LM_OK;
+    if (key == 0 || !cu->graphs_on || !kv || !batch || batch->n_tokens > cu->record_max_n) return LM_OK;
     cu->pass_meta_ints = next_pow2(lm_cuda_attn_meta_ints(cu, kv, batch), 1024);
     cu->pass_splits = (int)next_pow2(lm_cuda_attn_max_splits(batch, 0), 1);
     if (cu->err) return lm_cuda_take_error(cu);

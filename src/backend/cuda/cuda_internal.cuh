@@ -76,6 +76,7 @@ typedef struct lm_cuda_backend {
     void *scr[LM_CUDA_SCR_COUNT];
     size_t scr_cap[LM_CUDA_SCR_COUNT];
     int64_t mv_max_n;  /* matmul: matrix-vector kernel up to this many tokens   */
+    int64_t gemm_chunk; /* matmul: tokens per GEMM above mv_max_n (padded)      */
     /* attention metadata built on the host: [pos: n][table offset: n][tables] */
     int32_t *attn_host;
     size_t attn_host_cap;
@@ -86,6 +87,7 @@ typedef struct lm_cuda_backend {
     int64_t tc_tiles_cap;
     /* forward passes recorded as CUDA graphs (cuda_graph.cu) */
     bool graphs_on;    /* LUMEN_CUDA_GRAPHS=0 turns recording off              */
+    int64_t record_max_n; /* passes of more tokens run directly (LUMEN_CUDA_RECORD_MAX_N) */
     int pass_mode;     /* lm_cuda_pass_mode                                    */
     uint64_t pass_key; /* the current pass's key, buckets included             */
     int64_t pass_meta_ints; /* attention metadata of the pass, padded (ints)   */

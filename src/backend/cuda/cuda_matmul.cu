@@ -14,7 +14,8 @@
  *  - GEMM (n > mv_max_n: prefill, large batches): weight rows decoded to bf16 a tile
  *    at a time (F32 weights: cublasSgemm on the weights in place; BF16: used in
  *    place), activations rounded to bf16, cuBLAS with f32 accumulation. Tokens go
- *    through GEMMs of exactly GEMM_CHUNK columns (the last one zero-padded) into a
+ *    through GEMMs of exactly gemm_chunk columns (128, or LUMEN_CUDA_GEMM_CHUNK; the
+ *    last one zero-padded) into a
  *    scratch buffer, so every token sees the same GEMM shape, the same algorithm and
  *    the same pointer alignments whatever the batch: batch-invariant within the path.
  *
@@ -32,7 +33,7 @@
 
 #include "backend/cuda/cuda_dequant.cuh"
 
-enum { MV_THREADS = 128, MV_MAX_NT = 8, GEMM_CHUNK = 128, MV_MAX_SET = 4 };
+enum { MV_THREADS = 128, MV_MAX_NT = 8, MV_MAX_SET = 4 };
 
 /* Up to MV_MAX_SET weights of one format and column count, their rows concatenated:
  * global row r belongs to the first weight k with r < end[k]. A kernel parameter read
@@ -212,7 +213,7 @@ static bool cublas_ok(lm_cuda_backend *cu, cublasStatus_t s, const char *what) {
  * chunks, as f32 (F32 weights) or rounded to bf16, in the XB scratch. NULL on failure
  * (error recorded). */
 static const void *gemm_prepare_x(lm_cuda_backend *cu, bool f32, const float *x, int64_t n, int64_t cols) {
-    const int64_t n_pad = (n + GEMM_CHUNK - 1) / GEMM_CHUNK * GEMM_CHUNK;
+    const int64_t n_pad = (n + cu->gemm_chunk - 1) / cu->gemm_chunk * cu->gemm_chunk;
     void *xs = lm_cuda_scratch(cu, LM_CUDA_SCR_XB, (size_t)(n_pad * cols) * (f32 ? 4 : 2));
     if (!xs) return NULL;
     if (f32) {
@@ -232,7 +233,7 @@ static const void *gemm_prepare_x(lm_cuda_backend *cu, bool f32, const float *x,
 /* y = W x on prepared activations xs (gemm_prepare_x with f32 = W is F32). */
 static void gemm_run(lm_cuda_backend *cu, const lm_weight *w, const void *xs, int64_t n, float *y) {
     const int64_t rows = w->rows, cols = w->cols;
-    const int64_t n_pad = (n + GEMM_CHUNK - 1) / GEMM_CHUNK * GEMM_CHUNK;
+    const int64_t n_pad = (n + cu->gemm_chunk - 1) / cu->gemm_chunk * cu->gemm_chunk;
     const bool f32 = w->type == LM_DTYPE_F32, bf16 = w->type == LM_DTYPE_BF16;
     /* row tile: at most 64 MiB of bf16 and 16384 rows (bounds the scratch); depends
      * on the weight's shape only */
@@ -241,7 +242,7 @@ static void gemm_run(lm_cuda_backend *cu, const lm_weight *w, const void *xs, in
     if (rt > 16384) rt = 16384;
     if (rt > rows) rt = rows;
 
-    float *ys = (float *)lm_cuda_scratch(cu, LM_CUDA_SCR_Y, (size_t)(GEMM_CHUNK * rt) * 4);
+    float *ys = (float *)lm_cuda_scratch(cu, LM_CUDA_SCR_Y, (size_t)(cu->gemm_chunk * rt) * 4);
     __nv_bfloat16 *wt = NULL;
     if (!f32 && !bf16) wt = (__nv_bfloat16 *)lm_cuda_scratch(cu, LM_CUDA_SCR_WTILE, (size_t)(rt * cols) * 2);
     if (!ys || (!f32 && !bf16 && !wt)) return;
@@ -258,19 +259,19 @@ static void gemm_run(lm_cuda_backend *cu, const lm_weight *w, const void *xs, in
             if (cu->err) return;
             A = wt;
         }
-        for (int64_t c0 = 0; c0 < n_pad; c0 += GEMM_CHUNK) {
+        for (int64_t c0 = 0; c0 < n_pad; c0 += cu->gemm_chunk) {
             cublasStatus_t s;
             if (f32)
-                s = cublasSgemm(cu->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, GEMM_CHUNK, (int)cols, &one,
+                s = cublasSgemm(cu->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, (int)cu->gemm_chunk, (int)cols, &one,
                                 (const float *)A, (int)cols, (const float *)xs + c0 * cols, (int)cols, &zero, ys,
                                 (int)nr);
             else
-                s = cublasGemmEx(cu->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, GEMM_CHUNK, (int)cols, &one, A,
+                s = cublasGemmEx(cu->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, (int)cu->gemm_chunk, (int)cols, &one, A,
                                  CUDA_R_16BF, (int)cols, (const __nv_bfloat16 *)xs + c0 * cols, CUDA_R_16BF,
                                  (int)cols, &zero, ys, CUDA_R_32F, (int)nr, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
             if (!cublas_ok(cu, s, f32 ? "cublasSgemm" : "cublasGemmEx")) return;
-            int64_t nv = n - c0 < (int64_t)GEMM_CHUNK ? n - c0 : (int64_t)GEMM_CHUNK;
-            /* ys is column-major [GEMM_CHUNK][nr]: token t's nr values are contiguous */
+            int64_t nv = n - c0 < cu->gemm_chunk ? n - c0 : cu->gemm_chunk;
+            /* ys is column-major [gemm_chunk][nr]: token t's nr values are contiguous */
             if (!lm_cuda_ok(cu,
                             cudaMemcpy2DAsync(y + c0 * rows + r0, (size_t)rows * 4, ys, (size_t)nr * 4,
                                               (size_t)nr * 4, (size_t)nv, cudaMemcpyDeviceToDevice, cu->stream),
