@@ -14,10 +14,12 @@
  *  - GEMM (n > mv_max_n: prefill, large batches): weight rows decoded to bf16 a tile
  *    at a time (F32 weights: cublasSgemm on the weights in place; BF16: used in
  *    place), activations rounded to bf16, cuBLAS with f32 accumulation. Tokens go
- *    through GEMMs of exactly gemm_chunk columns (128, or LUMEN_CUDA_GEMM_CHUNK; the
- *    last one zero-padded) into a
+ *    through GEMMs of exactly gemm_chunk columns (the last one zero-padded) into a
  *    scratch buffer, so every token sees the same GEMM shape, the same algorithm and
  *    the same pointer alignments whatever the batch: batch-invariant within the path.
+ *    gemm_chunk is 256 (LUMEN_CUDA_GEMM_CHUNK): measured on the H200 with a 1.5B
+ *    model, 128 / 256 / 512 gave prefill of 512 tokens 33k / 45k / 54k tokens/s and
+ *    decode of 64 sequences 12.4k / 12.0k / 9.6k, of 256 22.0k / 25.8k / 23.6k.
  *
  * matmul_many (Q/K/V, gate/up: products of one input): on the matrix-vector path the
  * weights of one format are one launch over their concatenated rows (each row computed
