@@ -67,6 +67,43 @@ __device__ __forceinline__ float load_v(const void *V, int64_t i) {
     return F16 ? __half2float(((const __half *)V)[i]) : ((const float *)V)[i];
 }
 
+/* The output dimension a lane's i-th accumulator holds: with the head size known, a
+ * lane owns DPL contiguous dimensions (one vector load per value row); otherwise
+ * dimensions lane, lane + 32, ... */
+template <int HD, int DPL>
+__device__ __forceinline__ int lane_dim(int lane, int i) {
+    return HD ? lane * DPL + i : lane + 32 * i;
+}
+
+/* The lane's dimensions of the value row at voff, as floats (0 past hd). */
+template <bool F16, int HD, int DPL>
+__device__ __forceinline__ void load_v_dims(const void *V, int64_t voff, int lane, int hd, float *v) {
+    if (HD && F16 && DPL % 2 == 0) {
+        /* DPL halves at a multiple of DPL: aligned to their size (up to 16 bytes) */
+        const __half2 *p = (const __half2 *)__builtin_assume_aligned((const __half *)V + voff + lane * DPL,
+                                                                     DPL * 2 > 16 ? 16 : DPL * 2);
+#pragma unroll
+        for (int i = 0; i < DPL / 2; i++) {
+            const float2 f = __half22float2(p[i]);
+            v[2 * i] = f.x, v[2 * i + 1] = f.y;
+        }
+    } else if (HD && !F16 && DPL % 2 == 0) {
+        const float2 *p = (const float2 *)__builtin_assume_aligned((const float *)V + voff + lane * DPL,
+                                                                   DPL * 4 > 16 ? 16 : DPL * 4);
+#pragma unroll
+        for (int i = 0; i < DPL / 2; i++) {
+            const float2 f = p[i];
+            v[2 * i] = f.x, v[2 * i + 1] = f.y;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < DPL; i++) {
+            const int d = lane_dim<HD, DPL>(lane, i);
+            v[i] = d < hd ? load_v<F16>(V, voff + d) : 0.0f;
+        }
+    }
+}
+
 template <bool F16, int HD>
 __global__ void __launch_bounds__(ATT_WARPS * 32)
     attn_kernel(const int32_t *__restrict__ meta, int n, int n_head, int group, int hd, int64_t d_kv, int bs,
@@ -122,40 +159,38 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
             for (int u = 0; u < 4; u++) {
                 wj[u] = __shfl_sync(0xffffffffu, e, j + u);
                 const int64_t voff = __shfl_sync(0xffffffffu, slot, j + u) * d_kv + head_off;
-#pragma unroll
-                for (int i = 0; i < DPL; i++) {
-                    const int d = lane + 32 * i;
-                    vv[u][i] = (HD || d < hd) ? load_v<F16>(V, voff + d) : 0.0f;
-                }
+                load_v_dims<F16, HD, DPL>(V, voff, lane, hd, vv[u]);
             }
 #pragma unroll
             for (int u = 0; u < 4; u++)
 #pragma unroll
-                for (int i = 0; i < DPL; i++)
-                    if (HD || lane + 32 * i < hd) acc[i] = fmaf(wj[u], vv[u][i], acc[i]);
+                for (int i = 0; i < DPL; i++) acc[i] = fmaf(wj[u], vv[u][i], acc[i]);
         }
         for (; j < nv; j++) {
             const float wj = __shfl_sync(0xffffffffu, e, j);
             const int64_t voff = __shfl_sync(0xffffffffu, slot, j) * d_kv + head_off;
+            float vv[DPL];
+            load_v_dims<F16, HD, DPL>(V, voff, lane, hd, vv);
 #pragma unroll
-            for (int i = 0; i < DPL; i++) {
-                const int d = lane + 32 * i;
-                if (HD || d < hd) acc[i] = fmaf(wj, load_v<F16>(V, voff + d), acc[i]);
-            }
+            for (int i = 0; i < DPL; i++) acc[i] = fmaf(wj, vv[i], acc[i]);
         }
         m = m_new;
     }
     if (n_split == 1) {
         float *o = out + item * hd;
 #pragma unroll
-        for (int i = 0; i < DPL; i++)
-            if (lane + 32 * i < hd) o[lane + 32 * i] = acc[i] / l;
+        for (int i = 0; i < DPL; i++) {
+            const int d = lane_dim<HD, DPL>(lane, i);
+            if (d < hd) o[d] = acc[i] / l;
+        }
     } else {
         float *pp = part + ((size_t)item * max_splits + split) * (size_t)(hd + 2);
         if (lane == 0) pp[0] = m, pp[1] = l;
 #pragma unroll
-        for (int i = 0; i < DPL; i++)
-            if (lane + 32 * i < hd) pp[2 + lane + 32 * i] = acc[i];
+        for (int i = 0; i < DPL; i++) {
+            const int d = lane_dim<HD, DPL>(lane, i);
+            if (d < hd) pp[2 + d] = acc[i];
+        }
     }
 }
 
