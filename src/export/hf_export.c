@@ -427,6 +427,9 @@ lm_status lm_hf_export(const char *gguf_path, const char *out_dir, const lm_hf_e
     }
     if (!*base || strcmp(base, ".") == 0 || strcmp(base, "..") == 0)
         return lm_error(LM_ERR_INVALID_ARG, "OUT_DIR %s must name a folder (not . or ..)", out_dir);
+    struct stat in_sb;
+    if (stat(gguf_path, &in_sb) == 0 && S_ISDIR(in_sb.st_mode))
+        return lm_error(LM_ERR_INVALID_ARG, "%s is a folder; convert reads a GGUF file", gguf_path);
     bool exists;
     lm_status st = check_out_dir(gguf_path, out, params->force, &exists);
     if (st) return st;

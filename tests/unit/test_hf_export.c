@@ -381,6 +381,7 @@ static void run_configs_and_errors(void) {
     path_in(missing, sizeof missing, "missing.gguf");
     expect_fail("missing input", missing, out2, &p, LM_OK, "missing.gguf");
     expect_fail("OUT_DIR '.'", gguf, ".", &p, LM_ERR_INVALID_ARG, "must name a folder");
+    expect_fail("a folder as the input", g_tmp, out2, &p, LM_ERR_INVALID_ARG, "is a folder; convert reads a GGUF");
     p.out_dtype = LM_DTYPE_Q8_0;
     expect_fail("quantized output dtype", gguf, out2, &p, LM_ERR_INVALID_ARG, "bf16, f16 or f32");
     p.out_dtype = LM_DTYPE_BF16;
