@@ -26,7 +26,7 @@
 
 static lm_backend *g_cpu, *g_gpu, *g_gpu_direct; /* direct: no graphs, no fused ops */
 static uint64_t g_rng = 0x5eed;
-static int64_t g_mv_max_n = 16; /* the CUDA backend's default threshold (LUMEN_CUDA_MV_MAX_N) */
+static int64_t g_mv_max_n = 4; /* the CUDA backend's default threshold (LUMEN_CUDA_MV_MAX_N) */
 static char g_dir[256];
 
 static float frand(void) { return (float)(tiny_rng(&g_rng) >> 40) / (float)(1u << 24) * 2.0f - 1.0f; }

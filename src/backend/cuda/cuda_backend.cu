@@ -595,7 +595,7 @@ extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
     const char *rec = getenv("LUMEN_CUDA_RECORD_MAX_N");
     cu->record_max_n = rec && atoll(rec) > 0 ? atoll(rec) : 256;
     const char *mv = getenv("LUMEN_CUDA_MV_MAX_N");
-    cu->mv_max_n = mv && atoll(mv) > 0 ? atoll(mv) : 16;
+    cu->mv_max_n = mv && atoll(mv) > 0 ? atoll(mv) : 4;
     const char *chunk = getenv("LUMEN_CUDA_GEMM_CHUNK");
     cu->gemm_chunk = chunk && atoll(chunk) >= 16 && atoll(chunk) <= 4096 ? atoll(chunk) / 16 * 16 : 256;
     lm_status st = LM_OK;

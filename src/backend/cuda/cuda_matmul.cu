@@ -1,7 +1,9 @@
 /* y[t][r] = sum_k W[r][k] * x[t][k] over weights in any device format.
  *
- * Two paths, chosen by the token count n against a fixed threshold (mv_max_n, 16
- * unless LUMEN_CUDA_MV_MAX_N says otherwise):
+ * Two paths, chosen by the token count n against a fixed threshold (mv_max_n, 4
+ * unless LUMEN_CUDA_MV_MAX_N says otherwise; measured on the H200 with a 1.5B bf16
+ * model, decode of 8 and 16 sequences ran at 1,350 and 1,769 tokens/s on this path
+ * and at 1,830 and 3,754 on the GEMM path, 2 and 4 sequences alike on both):
  *
  *  - matrix-vector (n <= mv_max_n: decode): a row per warp (or per 2-4 warps when the
  *    row is long), the weight decoded on the fly eight elements per lane (deq8), f32
