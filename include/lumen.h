@@ -531,13 +531,17 @@ typedef struct lm_engine_stats {
     uint64_t cache_bytes;       /* KV bytes the prefix tree holds                         */
     int64_t kv_blocks, kv_blocks_free;
     uint64_t kv_bytes;          /* the pool                                               */
+    uint64_t device_peak_bytes; /* the most device memory in use at once (a GPU backend:
+                                   weights, KV pool, activations; as the driver reports
+                                   it); 0 on the CPU, whose memory is the process's       */
     int64_t n_jobs;             /* jobs run                                               */
 } lm_engine_stats;
 
 lm_status lm_engine_get_stats(lm_engine *e, lm_engine_stats *out);
 
-/* The process's peak resident memory in GiB (getrusage); on a GPU backend the
- * device's peak will be added. `e` may be NULL. */
+/* The process's peak resident memory in GiB (getrusage), plus, on a GPU backend,
+ * the device's peak (lm_engine_stats.device_peak_bytes, sampled after the load and
+ * after every step). `e` may be NULL: the process's alone. */
 double lm_engine_peak_memory_gb(const lm_engine *e);
 
 /* Stops the engine: already-queued jobs run, live requests end cancelled, the

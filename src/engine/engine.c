@@ -91,6 +91,7 @@ lm_status lm_engine_create(const char *model, const lm_engine_params *params, lm
     if (!e) return lm_error(LM_ERR_NO_MEMORY, "out of memory");
     e->p = p;
     e->refs = 1;
+    atomic_init(&e->device_peak, 0);
     e->model_path = strdup(model);
     size_t np = p.n_prefix_messages;
     if (np) {
@@ -155,10 +156,10 @@ lm_status lm_engine_get_stats(lm_engine *e, lm_engine_stats *out) {
 }
 
 double lm_engine_peak_memory_gb(const lm_engine *e) {
-    (void)e;
     struct rusage ru;
-    if (getrusage(RUSAGE_SELF, &ru) != 0) return 0.0;
-    return (double)ru.ru_maxrss * 1024.0 / (1024.0 * 1024.0 * 1024.0); /* ru_maxrss is in KiB on Linux */
+    double bytes = getrusage(RUSAGE_SELF, &ru) == 0 ? (double)ru.ru_maxrss * 1024.0 : 0.0; /* KiB on Linux */
+    if (e) bytes += (double)atomic_load(&e->device_peak);
+    return bytes / (1024.0 * 1024.0 * 1024.0);
 }
 
 void lm_engine_close(lm_engine *e) {

@@ -153,6 +153,9 @@ struct lm_engine {
     float *logits;
     int64_t n_preemptions;
     double occupancy_sum, step_tokens_sum;
+
+    /* the backend's peak device memory, sampled by the worker, read by any thread */
+    _Atomic uint64_t device_peak;
 };
 
 /* A pending publication: the step, and whether the worker lets go of the request. */

@@ -91,6 +91,7 @@ lm_status lm_eng_load(lm_engine *e) {
     e->st.n_prefill_tokens = e->n_prefix_tokens;
     e->st.kv_blocks = n_blocks;
     e->st.kv_bytes = (uint64_t)n_blocks * per_block;
+    lm_eng_update_stats_locked(e); /* the device's memory with the weights and the pool */
     pthread_mutex_unlock(&e->mu);
     return LM_OK;
 }

@@ -100,6 +100,11 @@ void lm_eng_update_stats_locked(lm_engine *e) {
     e->st.cache_hit_rate = cs.lookup_tokens > 0 ? (double)cs.hit_tokens / (double)cs.lookup_tokens : 0.0;
     e->st.kv_blocks_free = e->kv ? e->kv->n_free : 0;
     e->st.n_preemptions = e->n_preemptions;
+    lm_backend *b = e->model ? e->model->backend : NULL;
+    if (b && b->ops->peak_memory) {
+        e->st.device_peak_bytes = b->ops->peak_memory(b);
+        atomic_store(&e->device_peak, e->st.device_peak_bytes);
+    }
 }
 
 /* Publishes steps and lets go of finished requests (takes mu). */

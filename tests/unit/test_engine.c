@@ -72,6 +72,13 @@ static void make_prompt(int32_t *p, int n, int salt) {
 
 /* ---- bad input ---- */
 
+static lm_status job_never(lm_engine *e, void *arg, void **result) {
+    (void)e;
+    (void)result;
+    *(int *)arg = 1;
+    return LM_OK;
+}
+
 static void test_bad_input(void) {
     lm_engine *e = NULL;
     lm_engine_params p = small_params();
@@ -94,15 +101,23 @@ static void test_bad_input(void) {
     CHECK(lm_engine_wait_loaded(e) == st && strcmp(lm_last_error(), first) == 0);
     lm_future *f = NULL;
     CHECK(lm_engine_submit(e, (lm_engine_job_fn)NULL, NULL, &f) == LM_ERR_INVALID_ARG);
+    int ran = 0;
+    CHECK(lm_engine_submit(e, job_never, &ran, &f) == st && !f && !ran);
+    CHECK(strcmp(lm_last_error(), first) == 0);
     CHECK(lm_engine_model(e) == NULL);
     int32_t tok[3] = {1, 2, 3};
     lm_engine_request *r = NULL;
     CHECK(lm_engine_request_start(e, tok, 3, NULL, &r) == st && !r);
     CHECK(strcmp(lm_last_error(), first) == 0);
     lm_chat_message m = {"user", "hi"};
+    CHECK(lm_engine_request_start_chat(e, &m, 1, NULL, &r) == st && !r);
+    CHECK(strcmp(lm_last_error(), first) == 0);
     lm_conversation c = {&m, 1};
     char **texts = NULL;
     CHECK(lm_engine_generate(e, &c, 1, NULL, NULL, NULL, &texts) == st && !texts);
+    CHECK(strcmp(lm_last_error(), first) == 0);
+    lm_engine_stats es;
+    CHECK(lm_engine_get_stats(e, &es) == LM_OK && es.n_requests == 0 && es.kv_blocks == 0);
     lm_engine_close(e);
 
     /* the engine works; its requests and generate reject bad input */
@@ -113,6 +128,7 @@ static void test_bad_input(void) {
     e = open_engine(p);
     CHECK(lm_engine_generate(e, &c, 0, NULL, NULL, NULL, &texts) == LM_ERR_INVALID_ARG);
     CHECK(strstr(lm_last_error(), "empty") != NULL);
+    CHECK(lm_engine_generate(e, NULL, 3, NULL, NULL, NULL, &texts) == LM_ERR_INVALID_ARG && !texts);
     lm_chat_message good[2] = {{"system", "You are terse."}, {"user", "Hello"}};
     lm_chat_message bad[2] = {{"system", "You are verbose."}, {"user", "Hello"}};
     lm_conversation cs[3] = {{good, 2}, {bad, 2}, {good, 2}};
@@ -144,7 +160,6 @@ static void test_bad_input(void) {
     lm_engine_close(e);
     p = small_params();
     e = open_engine(p);
-    lm_engine_stats es;
     CHECK(lm_engine_get_stats(e, &es) == LM_OK);
     uint64_t per_block = es.kv_bytes / (uint64_t)es.kv_blocks;
     lm_engine_close(e);
@@ -162,6 +177,19 @@ static void test_bad_input(void) {
     int32_t out[64];
     CHECK(run_request(r, out, 64, NULL) == 20);
     lm_engine_request_free(r);
+    /* in a batch: the conversation that cannot fit is named, the others (already
+     * queued) are dropped, and the engine still answers */
+    char long_text[80];
+    memset(long_text, 'x', sizeof long_text - 1);
+    long_text[sizeof long_text - 1] = '\0';
+    lm_chat_message fits[1] = {{"user", "hi"}}, too_long[1] = {{"user", long_text}};
+    lm_conversation batch[3] = {{fits, 1}, {fits, 1}, {too_long, 1}};
+    g = greedy(4);
+    CHECK(lm_engine_generate(e, batch, 3, &g, NULL, NULL, &texts) == LM_ERR_NO_MEMORY && !texts);
+    CHECK(strstr(lm_last_error(), "conversation 2") != NULL && strstr(lm_last_error(), "KV budget") != NULL);
+    CHECK(lm_engine_generate(e, batch, 2, &g, NULL, NULL, &texts) == LM_OK && texts);
+    lm_engine_texts_free(texts, 2);
+    CHECK(lm_engine_get_stats(e, &es) == LM_OK && es.n_running == 0 && es.n_waiting == 0);
     lm_engine_close(e);
 }
 
@@ -217,6 +245,15 @@ static void test_jobs(void) {
     lm_future_free(f5);
     lm_future_free(f3);
     CHECK(lm_engine_peak_memory_gb(NULL) > 0.0);
+
+    /* peak memory: the CPU backend has no device memory of its own, so the engine's
+     * peak is the process's */
+    e = open_engine(small_params());
+    lm_engine_stats es;
+    CHECK(lm_engine_get_stats(e, &es) == LM_OK && es.device_peak_bytes == 0);
+    double before = lm_engine_peak_memory_gb(NULL), mine = lm_engine_peak_memory_gb(e);
+    CHECK(before > 0.0 && before <= mine && mine <= lm_engine_peak_memory_gb(NULL));
+    lm_engine_close(e);
 }
 
 /* ---- generation ---- */
