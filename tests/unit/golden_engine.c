@@ -1,0 +1,274 @@
+/* Batch invariance of the engine on a real model.
+ *
+ * usage: golden_engine NAME     (a `lumen pull` model; skipped, exit 77, when absent)
+ *
+ * 32 different chat prompts, 16 greedy tokens each:
+ *   - alone: one at a time on an engine with batch_size 1 and the prefix cache off
+ *     (the first few also through the standalone generator, lm_context);
+ *   - together: all 32 at once on an engine with batch_size 32 (continuous batching,
+ *     prompt chunks beside decodes), twice: the first round computes the prompts (a
+ *     miss, but for the system prompt they share), the second finds every prompt in
+ *     the prefix cache (a hit): both rounds equal alone, token for token;
+ *   - lm_engine_generate with the system prompt as the engine's prefix message: the
+ *     texts equal alone, and the prefix is prefilled once per engine (asserted on
+ *     the prefill-token counts of lm_engine_stats).
+ * The prompts are rendered with the model's chat template; a model whose file has
+ * none (the gemma3-270m GGUF) gets Gemma 3's (tests/golden/templates), and skips the
+ * lm_engine_generate part, which renders with the model's own.
+ * LUMEN_TEST_BACKEND=cuda runs the same on the GPU; LUMEN_TEST_THREADS sets the
+ * CPU threads (default 2). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/engine.h"
+#include "lumen.h"
+#include "test.h"
+
+enum { N = 32, MAXT = 16, N_STANDALONE = 4 };
+
+static const char *k_questions[N] = {
+    "What is the capital of France?", "Name a prime number above 50.", "Why is the sky blue?",
+    "Write a haiku about rain.", "What is 17 times 3?", "Who wrote Hamlet?", "Give me a synonym for happy.",
+    "What does a CPU do?", "Translate 'good morning' to Spanish.", "List three fruits.",
+    "How many legs does a spider have?", "What is photosynthesis?", "Suggest a name for a cat.",
+    "What is the boiling point of water?", "Explain gravity in one sentence.", "What color are bananas?",
+    "Tell me a fun fact about octopuses.", "What is the largest ocean?", "How do you make tea?",
+    "What is a noun?", "Name a famous painter.", "What is 2 to the power of 10?", "Describe the moon.",
+    "What language is spoken in Brazil?", "Write a Python function that adds two numbers.",
+    "What is the difference between a list and a tuple?", "How do I reverse a string in C?",
+    "Explain recursion to a child.", "What is the speed of light?", "Give me three tips for sleeping well.",
+    "Why do cats purr?", "Summarize the plot of Cinderella in one sentence."};
+
+static const char *g_model, *g_backend;
+static int g_threads = 2;
+
+static lm_engine *open_engine(int batch, uint64_t cache_bytes, const lm_chat_message *prefix, size_t n_prefix) {
+    lm_engine_params p = lm_engine_default_params();
+    p.model.n_threads = g_threads;
+    p.model.backend = g_backend;
+    p.model.n_ctx = 512;
+    p.batch_size = batch;
+    p.max_batch_tokens = 128;
+    p.prefix_cache_bytes = cache_bytes;
+    p.prefix_messages = prefix;
+    p.n_prefix_messages = n_prefix;
+    lm_engine *e = NULL;
+    if (lm_engine_create(g_model, &p, &e) != LM_OK || lm_engine_wait_loaded(e) != LM_OK) {
+        fprintf(stderr, "engine: %s\n", lm_last_error());
+        exit(1);
+    }
+    return e;
+}
+
+static lm_generate_params greedy(void) {
+    lm_generate_params g = lm_generate_default_params();
+    g.sampling.temperature = 0.0f;
+    g.max_tokens = MAXT;
+    return g;
+}
+
+static int drain(lm_engine_request *r, int32_t *toks) {
+    int n = 0;
+    lm_step s;
+    do {
+        if (lm_engine_request_next(r, &s) != LM_OK) {
+            fprintf(stderr, "next: %s\n", lm_last_error());
+            CHECK(0);
+            break;
+        }
+        if (s.token >= 0 && n < MAXT) toks[n++] = s.token;
+    } while (s.finish == LM_FINISH_NONE);
+    return n;
+}
+
+static bool same(const int32_t *a, int na, const int32_t *b, int nb) {
+    return na == nb && memcmp(a, b, sizeof(int32_t) * (size_t)na) == 0;
+}
+
+/* The first position where two token lists differ (for the report). */
+static int first_diff(const int32_t *a, int na, const int32_t *b, int nb) {
+    int i = 0;
+    while (i < na && i < nb && a[i] == b[i]) i++;
+    return i;
+}
+
+/* The same prompt through the standalone generator (lm_context + lm_request). */
+static int standalone(lm_model *m, const int32_t *ids, size_t nt, int32_t *toks) {
+    lm_context_params cp = lm_context_default_params();
+    cp.n_ctx = 512;
+    lm_context *ctx = NULL;
+    CHECK(lm_context_create(m, cp, &ctx) == LM_OK);
+    lm_generate_params g = greedy();
+    lm_request *r = NULL;
+    int n = 0;
+    if (ctx && lm_request_start(ctx, ids, nt, &g, &r) == LM_OK) {
+        lm_step s;
+        do {
+            CHECK(lm_request_next(r, &s) == LM_OK);
+            if (s.token >= 0 && n < MAXT) toks[n++] = s.token;
+        } while (s.finish == LM_FINISH_NONE);
+    }
+    lm_request_free(r);
+    lm_context_free(ctx);
+    return n;
+}
+
+/* The prompt's tokens: the conversation rendered with `tmpl` (NULL: the model's). */
+static size_t render(const lm_model *m, const lm_chat_message *msgs, const char *tmpl, int32_t *ids, size_t cap) {
+    static char text[8192];
+    lm_chat_params cp = lm_chat_default_params();
+    cp.template_source = tmpl;
+    size_t nb = 0, nt = 0;
+    CHECK(lm_chat_render(m, msgs, 2, cp, text, sizeof text, &nb) == LM_OK && nb < sizeof text);
+    CHECK(lm_tokenize(m, text, nb, LM_TOKENIZE_ADD_SPECIAL | LM_TOKENIZE_PARSE_SPECIAL, ids, cap, &nt) == LM_OK &&
+          nt <= cap);
+    return nt;
+}
+
+static char *read_file(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) n = 0;
+    if (buf) buf[n] = '\0';
+    fclose(f);
+    return buf;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2) {
+        fprintf(stderr, "usage: golden_engine MODEL\n");
+        return 2;
+    }
+    g_model = argv[1];
+    g_backend = getenv("LUMEN_TEST_BACKEND") ? getenv("LUMEN_TEST_BACKEND") : "cpu";
+    if (getenv("LUMEN_TEST_THREADS")) g_threads = atoi(getenv("LUMEN_TEST_THREADS"));
+    lm_set_log_callback(NULL, NULL);
+    lm_chat_message sys = {"system", "You are a helpful assistant. Answer briefly."};
+    static lm_chat_message msgs[N][2];
+    for (int i = 0; i < N; i++) {
+        msgs[i][0] = sys;
+        msgs[i][1] = (lm_chat_message){"user", k_questions[i]};
+    }
+    static int32_t alone[N][MAXT], together[N][MAXT], ref[MAXT], ids[N][512];
+    size_t n_ids[N];
+    int n_alone[N], n_together[N];
+    lm_generate_params g = greedy();
+
+    lm_model_params mp = lm_model_default_params();
+    mp.n_threads = g_threads;
+    mp.backend = g_backend;
+    lm_model *model = NULL;
+    lm_status st = lm_model_load(g_model, mp, &model);
+    if (st == LM_ERR_NOT_FOUND || st == LM_ERR_UNSUPPORTED) { /* not pulled; no GPU */
+        printf("SKIPPED: %s (run `lumen pull %s`)\n", lm_last_error(), g_model);
+        return LM_TEST_SKIP;
+    }
+    if (st) {
+        fprintf(stderr, "load: %s\n", lm_last_error());
+        return 1;
+    }
+    bool own_template = lm_model_has_chat_template(model);
+    char *tmpl = own_template ? NULL : read_file(LUMEN_SOURCE_DIR "/tests/golden/templates/google-gemma-3-it.jinja");
+    CHECK(own_template || tmpl);
+    for (int i = 0; i < N; i++) n_ids[i] = render(model, msgs[i], tmpl, ids[i], 512);
+
+    /* alone: one request at a time, nothing reused */
+    lm_engine *e = open_engine(1, 1, NULL, 0);
+    for (int i = 0; i < N; i++) {
+        lm_engine_request *r;
+        CHECK(lm_engine_request_start(e, ids[i], n_ids[i], &g, &r) == LM_OK);
+        n_alone[i] = drain(r, alone[i]);
+        lm_stats rs;
+        lm_engine_request_stats(r, &rs);
+        CHECK(rs.n_cached_tokens == 0 && n_alone[i] > 0);
+        lm_engine_request_free(r);
+    }
+    lm_engine_close(e);
+    for (int i = 0; i < N_STANDALONE; i++) {
+        int n = standalone(model, ids[i], n_ids[i], ref);
+        if (!same(ref, n, alone[i], n_alone[i]))
+            fprintf(stderr, "prompt %d: the engine differs from the standalone generator at token %d\n", i,
+                    first_diff(ref, n, alone[i], n_alone[i]));
+        CHECK(same(ref, n, alone[i], n_alone[i]));
+    }
+    lm_model_free(model);
+    free(tmpl);
+
+    /* together: all at once, twice (the second round from the cache) */
+    e = open_engine(N, 0, NULL, 0);
+    for (int round = 0; round < 2; round++) {
+        lm_engine_request *rs[N];
+        for (int i = 0; i < N; i++) CHECK(lm_engine_request_start(e, ids[i], n_ids[i], &g, &rs[i]) == LM_OK);
+        int diff = 0;
+        for (int i = 0; i < N; i++) {
+            n_together[i] = drain(rs[i], together[i]);
+            lm_stats rst;
+            lm_engine_request_stats(rs[i], &rst);
+            if (round == 1) CHECK(rst.n_cached_tokens == rst.n_prompt_tokens - 1); /* a full hit */
+            lm_engine_request_free(rs[i]);
+            if (!same(together[i], n_together[i], alone[i], n_alone[i])) {
+                fprintf(stderr, "round %d prompt %d differs from alone at token %d\n", round, i,
+                        first_diff(together[i], n_together[i], alone[i], n_alone[i]));
+                diff++;
+            }
+        }
+        CHECK(diff == 0);
+    }
+    lm_engine_stats es;
+    CHECK(lm_engine_get_stats(e, &es) == LM_OK);
+    printf("%s together: %lld steps, %.1f tokens/step, occupancy %.2f, cache hit rate %.2f\n", g_model,
+           (long long)es.n_steps, es.mean_batch_tokens, es.batch_occupancy, es.cache_hit_rate);
+    CHECK(es.mean_batch_tokens > 8.0); /* they did run together */
+    CHECK(es.cache_hits >= N && es.n_preemptions == 0);
+    /* a GPU reports its peak, which lm_engine_peak_memory_gb adds to the process's */
+    bool gpu = strcmp(g_backend, "cuda") == 0;
+    CHECK(gpu ? es.device_peak_bytes > es.kv_bytes : es.device_peak_bytes == 0);
+    double gb = lm_engine_peak_memory_gb(e);
+    printf("%s peak memory: %.2f GiB (device %.2f GiB)\n", g_model, gb, (double)es.device_peak_bytes / 1073741824.0);
+    CHECK(gb > (double)es.device_peak_bytes / 1073741824.0);
+    lm_engine_close(e);
+
+    if (!own_template) {
+        printf("%s has no chat template: lm_engine_generate not run\n", g_model);
+        TEST_MAIN_END();
+    }
+    /* lm_engine_generate with the system prompt as the prefix message */
+    e = open_engine(8, 0, &sys, 1);
+    const lm_model *m = lm_engine_model(e);
+    lm_engine_stats es0;
+    CHECK(lm_engine_get_stats(e, &es0) == LM_OK);
+    CHECK(es0.n_prefix_tokens > 0 && es0.n_prefill_tokens == es0.n_prefix_tokens); /* computed at load */
+    int64_t own = 0; /* the conversations' tokens after the prefix */
+    for (int i = 0; i < N; i++) own += (int64_t)n_ids[i] - es0.n_prefix_tokens;
+    lm_conversation convs[N];
+    for (int i = 0; i < N; i++) convs[i] = (lm_conversation){msgs[i], 2};
+    char **texts = NULL;
+    CHECK(lm_engine_generate(e, convs, N, &g, NULL, NULL, &texts) == LM_OK);
+    for (int i = 0; texts && i < N; i++) {
+        char buf[2048];
+        size_t nb = 0;
+        /* an end token finishes without text */
+        size_t n = (size_t)n_alone[i];
+        if (n && lm_token_is_eog(m, alone[i][n - 1])) n--;
+        CHECK(lm_detokenize(m, alone[i], n, 0, buf, sizeof buf, &nb) == LM_OK);
+        if (strcmp(buf, texts[i]) != 0) fprintf(stderr, "generate %d: \"%s\" vs alone \"%s\"\n", i, texts[i], buf);
+        CHECK(strcmp(buf, texts[i]) == 0);
+    }
+    lm_engine_texts_free(texts, N);
+    CHECK(lm_engine_get_stats(e, &es) == LM_OK);
+    int64_t computed = es.n_prefill_tokens - es0.n_prefill_tokens;
+    printf("%s generate: prefix %lld tokens prefilled once; %lld tokens computed for %d conversations "
+           "(%lld after the prefix, %lld reused)\n",
+           g_model, (long long)es.n_prefix_tokens, (long long)computed, N, (long long)own,
+           (long long)es.n_cached_tokens);
+    /* every conversation reused the whole prefix and computed at most its own tokens */
+    CHECK(es.n_cached_tokens >= N * es.n_prefix_tokens);
+    CHECK(computed <= own && computed > 0);
+    CHECK(es.n_prefill_tokens + es.n_cached_tokens == es.n_prefix_tokens + es.n_prompt_tokens);
+    lm_engine_close(e);
+    TEST_MAIN_END();
+}
