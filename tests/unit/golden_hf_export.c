@@ -23,7 +23,7 @@
 #include "lumen.h"
 #include "test.h"
 
-#define TOL_LLAMA 1e-4 /* measured 2.3e-5 on smollm2-135m (logits of magnitude ~20) */
+#define TOL_LLAMA 1e-4 /* measured 2.6e-5 on smollm2-135m (logits of magnitude ~20) */
 
 static double now(void) {
     struct timespec t;
