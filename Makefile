@@ -7,13 +7,15 @@ BUILD      ?= build
 ASAN_BUILD ?= build-asan
 FUZZ_BUILD ?= build-fuzz
 TSAN_BUILD ?= build-tsan
+CUDA_BUILD ?= build-cuda
+NVCC       ?= $(shell command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 JOBS       ?= $(shell nproc)
 MODEL      ?= smollm2-135m
 PROMPT     ?= In one sentence, what is the capital of France and why is it famous?
 FUZZ_SECONDS ?= 30
 LUMEN      := $(BUILD)/lumen
 
-.PHONY: all deps build run pull pull-test-models test test-unit test-golden test-extended test-asan test-tsan test-fuzz clean
+.PHONY: all deps build run pull pull-test-models test test-unit test-golden test-extended test-asan test-tsan test-fuzz test-cuda-build clean
 
 all: build
 
@@ -35,8 +37,8 @@ run: pull
 TEST_MODELS ?= smollm2-135m gemma3-270m
 
 # Unit + end-to-end tests, the golden tests on the real models, the sanitizer
-# build, and a bounded run of every fuzzer.
-test: test-unit test-golden test-asan test-fuzz
+# build, a bounded run of every fuzzer, and the CUDA backend compiled.
+test: test-unit test-golden test-asan test-fuzz test-cuda-build
 
 pull-test-models: build
 	$(LUMEN) pull $(TEST_MODELS)
@@ -73,5 +75,14 @@ test-fuzz: deps
 	@cmake --build $(FUZZ_BUILD) -j$(JOBS) --target fuzzers
 	cd $(FUZZ_BUILD) && ctest --output-on-failure -L fuzz
 
+# The CUDA backend compiled with nvcc (sm_90a machine code + compute_90 PTX) and its
+# op tests, which report themselves skipped where there is no GPU; on the GPU machine
+# bench/cuda_quick_run.sh runs them for real.
+test-cuda-build: deps
+	@if [ -z "$(NVCC)" ]; then echo "SKIPPED: test-cuda-build: no nvcc (install the CUDA toolkit)"; exit 0; fi; \
+	cmake -S . -B $(CUDA_BUILD) -DCMAKE_BUILD_TYPE=Release -DLUMEN_CUDA=ON -DCMAKE_CUDA_COMPILER=$(NVCC) >/dev/null && \
+	cmake --build $(CUDA_BUILD) -j$(JOBS) --target lumen_cli test_backend_ops && \
+	cd $(CUDA_BUILD) && ctest --output-on-failure -R '^test_backend_ops$$'
+
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) $(TSAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) $(TSAN_BUILD) $(CUDA_BUILD)
