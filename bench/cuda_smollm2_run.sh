@@ -12,6 +12,7 @@
 #  1. golden_models smollm2-135m-exact and smollm2-135m-f32 with
 #     LUMEN_TEST_BACKEND=cuda: the CUDA backend's logits against llama.cpp's;
 #  2. golden_generate smollm2-135m on CUDA: greedy continuations through the API;
+#     golden_engine on CUDA: 32 prompts generated together against each alone;
 #  3. bench_engine --backend cuda: (a) 512 conversations sharing a prefix, max_tokens
 #     1, against one at a time; (b) time to first token of turn 10 of a chat.
 set -uo pipefail
@@ -35,7 +36,7 @@ echo "model: $(ls -la "$FILE")"
 lumen_cuda_env || exit 2
 t0=$(date +%s)
 cmake -S "$ROOT" -B "$BUILD" -DLUMEN_CUDA=ON -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_BUILD_TYPE=Release > "$OUT/build.log" 2>&1 &&
-  cmake --build "$BUILD" -j"$(nproc)" --target lumen_cli golden_models golden_generate bench_engine >> "$OUT/build.log" 2>&1 ||
+  cmake --build "$BUILD" -j"$(nproc)" --target lumen_cli golden_models golden_generate golden_engine bench_engine >> "$OUT/build.log" 2>&1 ||
   { grep -E -A4 "error" "$OUT/build.log" | head -40; exit 2; }
 echo "built in $(( $(date +%s) - t0 ))s"
 cd "$ROOT"
@@ -50,5 +51,12 @@ echo "=== golden logits on CUDA: smollm2-135m-f32 (the F32 GGUF, made here)"
 LUMEN_TEST_BACKEND=cuda timeout 300 "$BUILD/tests/golden_models" smollm2-135m-f32 2>&1 | tail -9
 echo "=== greedy generation through the API on CUDA"
 LUMEN_TEST_BACKEND=cuda timeout 200 "$BUILD/tests/golden_generate" smollm2-135m 2>&1 | tail -8
+echo "=== batch invariance of the engine on CUDA (32 prompts together vs alone), default paths"
+LUMEN_TEST_BACKEND=cuda timeout 200 "$BUILD/tests/golden_engine" smollm2-135m > "$OUT/engine_inv.log" 2>&1
+echo "status $? ($(grep -c "differs from alone" "$OUT/engine_inv.log") prompt-rounds of 64 differ from alone)"
+grep -E "differs|together|peak|generate:" "$OUT/engine_inv.log" | head -12
+echo "=== the same with every product exact f32 and every attention scalar (LUMEN_CUDA_MV_MAX_N=1e9)"
+LUMEN_CUDA_MV_MAX_N=1000000000 LUMEN_TEST_BACKEND=cuda timeout 200 "$BUILD/tests/golden_engine" smollm2-135m > "$OUT/engine_inv_exact.log" 2>&1
+echo "status $? ($(grep -c "differs from alone" "$OUT/engine_inv_exact.log") prompt-rounds of 64 differ from alone)"
 echo "=== engine benchmarks on CUDA"
 timeout 300 "$BUILD/bench_engine" --backend cuda --model smollm2-135m --baseline-n 64 2>&1 | tee "$OUT/engine.log" | tail -30
