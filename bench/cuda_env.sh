@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Sourced by the GPU-machine scripts (bench/cuda_bench_run.sh): points pkg-config and
+# Sourced by the GPU-machine scripts (bench/cuda_*_run.sh). lumen_cuda_env points pkg-config and
 # the loader at .deps/root (the Debian packages the GPU machine lacks, unpacked by
 # `bash bench/cuda_device_run.sh --prepare-deps`), writes .pc files for zstd and
 # libcrypto where the machine has their headers but no .pc, and finds nvcc.
@@ -33,4 +33,28 @@ lumen_cuda_env() {
     fi
   done
   return 0
+}
+
+# Configures $BUILD with the CUDA backend and builds the given targets (log in
+# $OUT/build.log); returns 2, showing the errors, when that fails. Needs
+# lumen_cuda_env first.
+lumen_cuda_build() {
+  local t0
+  t0=$(date +%s)
+  cmake -S "$ROOT" -B "$BUILD" -DLUMEN_CUDA=ON -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_BUILD_TYPE=Release \
+    > "$OUT/build.log" 2>&1 &&
+    cmake --build "$BUILD" -j"$(nproc)" --target "$@" >> "$OUT/build.log" 2>&1 ||
+    { grep -E -A4 "error" "$OUT/build.log" | head -40; return 2; }
+  echo "built in $(( $(date +%s) - t0 ))s"
+}
+
+# The Qwen2.5-1.5B-shaped benchmark models with random weights (bench_make_model):
+# sets GGUF (Q4_K_M-like) and HF (bf16 folder) in /dev/shm/lumen-bench, made once per
+# machine.
+lumen_bench_models() {
+  local m=/dev/shm/lumen-bench
+  GGUF="$m/qwen2.5-1.5b-shaped-q4_k_m.gguf" HF="$m/qwen2.5-1.5b-shaped-bf16"
+  mkdir -p "$m"
+  [ -f "$m/.done" ] || { "$BUILD/bench_make_model" --gguf "$GGUF" --hf "$HF" --threads "$(nproc)" > "$OUT/models.log" 2>&1 &&
+    touch "$m/.done"; }
 }

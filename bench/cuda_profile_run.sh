@@ -19,15 +19,8 @@ PAR="${LUMEN_PROFILE_PAR:-1 64}"
 mkdir -p "$OUT" "$BUILD"
 . "$ROOT/bench/cuda_env.sh"
 lumen_cuda_env || exit 2
-t0=$(date +%s)
-cmake -S "$ROOT" -B "$BUILD" -DLUMEN_CUDA=ON -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_BUILD_TYPE=Release > "$OUT/build.log" 2>&1 &&
-  cmake --build "$BUILD" -j"$(nproc)" --target lumen_cli bench_make_model >> "$OUT/build.log" 2>&1 ||
-  { grep -E -A4 "error" "$OUT/build.log" | head -40; exit 2; }
-echo "built in $(( $(date +%s) - t0 ))s"
-M=/dev/shm/lumen-bench
-GGUF="$M/qwen2.5-1.5b-shaped-q4_k_m.gguf" HF="$M/qwen2.5-1.5b-shaped-bf16"
-mkdir -p "$M"
-[ -f "$M/.done" ] || { "$BUILD/bench_make_model" --gguf "$GGUF" --hf "$HF" --threads "$(nproc)" > "$OUT/models.log" 2>&1 && touch "$M/.done"; }
+lumen_cuda_build lumen_cli bench_make_model || exit 2
+lumen_bench_models
 NCU="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2> /dev/null | head -1)"
 echo "ncu: ${NCU:-none}"
 for model in "$HF" "$GGUF"; do

@@ -14,20 +14,13 @@ BUILD="${LUMEN_CUDA_BUILD:-$ROOT/build-cuda-device}"
 mkdir -p "$OUT" "$BUILD"
 . "$ROOT/bench/cuda_env.sh"
 lumen_cuda_env || exit 2
-t0=$(date +%s)
-cmake -S "$ROOT" -B "$BUILD" -DLUMEN_CUDA=ON -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_BUILD_TYPE=Release > "$OUT/build.log" 2>&1 &&
-  cmake --build "$BUILD" -j"$(nproc)" --target lumen_cli bench_make_model test_backend_ops >> "$OUT/build.log" 2>&1 ||
-  { grep -E -A4 "error" "$OUT/build.log" | head -40; exit 2; }
-echo "built in $(( $(date +%s) - t0 ))s"
+lumen_cuda_build lumen_cli bench_make_model test_backend_ops || exit 2
 if [ "${LUMEN_QUICK_TESTS:-1}" != 0 ]; then
   (cd "$ROOT" && LUMEN_TEST_OPS_QUICK=1 timeout 120 "$BUILD/tests/test_backend_ops") > "$OUT/ops.log" 2>&1
   echo "op tests: status $?"
   grep -E "FAIL|DIFFER|comparisons|graphs|SKIPPED|rror" "$OUT/ops.log" | head -20
 fi
-M=/dev/shm/lumen-bench
-GGUF="$M/qwen2.5-1.5b-shaped-q4_k_m.gguf" HF="$M/qwen2.5-1.5b-shaped-bf16"
-mkdir -p "$M"
-[ -f "$M/.done" ] || { "$BUILD/bench_make_model" --gguf "$GGUF" --hf "$HF" --threads "$(nproc)" > "$OUT/models.log" 2>&1 && touch "$M/.done"; }
+lumen_bench_models
 for model in "$HF" "$GGUF"; do
   echo "=== $(basename "$model")"
   LUMEN_CUDA_GRAPHS_LOG=1 timeout 200 "$BUILD/lumen" bench "$model" --backend cuda -p 512 -n "${LUMEN_QUICK_GEN:-64}" -r 3 \

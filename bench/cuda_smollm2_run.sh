@@ -34,11 +34,7 @@ fi
 echo "model: $(ls -la "$FILE")"
 . "$ROOT/bench/cuda_env.sh"
 lumen_cuda_env || exit 2
-t0=$(date +%s)
-cmake -S "$ROOT" -B "$BUILD" -DLUMEN_CUDA=ON -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_BUILD_TYPE=Release > "$OUT/build.log" 2>&1 &&
-  cmake --build "$BUILD" -j"$(nproc)" --target lumen_cli golden_models golden_generate golden_engine bench_engine >> "$OUT/build.log" 2>&1 ||
-  { grep -E -A4 "error" "$OUT/build.log" | head -40; exit 2; }
-echo "built in $(( $(date +%s) - t0 ))s"
+lumen_cuda_build lumen_cli golden_models golden_generate golden_engine bench_engine || exit 2
 cd "$ROOT"
 # The published Q4_1 file is judged as the exact math (llama.cpp on the same weights
 # dequantized to F32, F32 KV cache): the CUDA backend decodes weights exactly and keeps
