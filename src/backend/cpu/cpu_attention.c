@@ -84,7 +84,9 @@ __attribute__((target("avx2,f16c"))) static void to_f16_f16c(const float *x, uin
 /* f32 -> f16, rounding to nearest even (F16C gives the same bits as lm_f32_to_f16) */
 static void to_f16(const float *x, uint16_t *h, int64_t n) {
 #if defined(__x86_64__)
-    if (lm_cpu_has_avx2()) {
+    static int f16c = -1; /* CPUID is slow under a hypervisor: ask once */
+    if (f16c < 0) f16c = lm_cpu_has_avx2();
+    if (f16c) {
         to_f16_f16c(x, h, n);
         return;
     }

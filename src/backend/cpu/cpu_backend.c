@@ -51,6 +51,7 @@ void lm_cpu_parallel_for(lm_backend *b, int64_t n, int64_t min_per_thread,
 static void cpu_destroy(lm_backend *b) {
     lm_cpu_backend *cpu = (lm_cpu_backend *)b;
     for (int i = 0; i < LM_SCRATCH_COUNT; i++) free(cpu->scratch[i]);
+    for (int i = 0; i < 2; i++) free(cpu->rope[i].pos), free(cpu->rope[i].cs);
     lm_threadpool_free(cpu->pool);
     free(cpu);
 }

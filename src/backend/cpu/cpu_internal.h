@@ -16,11 +16,24 @@ typedef enum lm_cpu_scratch_slot {
     LM_SCRATCH_COUNT
 } lm_cpu_scratch_slot;
 
+/* RoPE's cos/sin for the positions of one batch, kept across layers (every layer of a
+ * pass rotates the same positions; Gemma alternates two bases, hence two). */
+typedef struct lm_cpu_rope_cache {
+    int32_t *pos;        /* [n] the positions it was made for (n < 0: empty) */
+    float *cs;           /* [n][n_rot / 2][2] cos, sin                      */
+    int64_t n, n_rot, pos_cap, cs_cap;
+    float theta, freq_scale;
+    int mode;
+    uint64_t used;       /* for replacing the least recently used */
+} lm_cpu_rope_cache;
+
 typedef struct lm_cpu_backend {
     lm_backend base;
     lm_threadpool *pool;
     void *scratch[LM_SCRATCH_COUNT];
     size_t scratch_size[LM_SCRATCH_COUNT];
+    lm_cpu_rope_cache rope[2];
+    uint64_t rope_clock;
 } lm_cpu_backend;
 
 /* On the CPU a weight is the tensor (its bytes copied into huge pages at load, see

@@ -5,6 +5,9 @@
 #include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "tensor/quant.h"
 
@@ -48,7 +51,85 @@ static void quantize_per256(const float *x, lm_q8a_block *out, int64_t n) {
     }
 }
 
+#if defined(__x86_64__)
+/* The same arithmetic on AVX-512, bit for bit: max and compares are exact, the
+ * conversion rounds to nearest even like lrintf, F16C rounds like lm_f32_to_f16. */
+#define Q8_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
+
+Q8_TARGET static inline void store_codes(lm_q8a_block *o, __m512i q0, __m512i q1, float d_for_s) {
+    _mm_storeu_si128((__m128i *)o->q, _mm512_cvtepi32_epi8(q0));
+    _mm_storeu_si128((__m128i *)(o->q + 16), _mm512_cvtepi32_epi8(q1));
+    int s0 = _mm512_reduce_add_epi32(q0), s1 = _mm512_reduce_add_epi32(q1);
+    o->sum16[0] = (int16_t)s0;
+    o->sum16[1] = (int16_t)s1;
+    o->s = _cvtsh_ss(_cvtss_sh(d_for_s * (float)(s0 + s1), _MM_FROUND_TO_NEAREST_INT));
+}
+
+Q8_TARGET static void quantize_per32_avx512(const float *x, lm_q8a_block *out, int64_t n) {
+    for (int64_t b = 0; b < n / 32; b++) {
+        __m512 x0 = _mm512_loadu_ps(x + b * 32), x1 = _mm512_loadu_ps(x + b * 32 + 16);
+        float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+        float d = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        __m512 idv = _mm512_set1_ps(id);
+        lm_q8a_block *o = &out[b];
+        o->d = _cvtsh_ss(_cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT));
+        store_codes(o, _mm512_cvtps_epi32(_mm512_mul_ps(x0, idv)), _mm512_cvtps_epi32(_mm512_mul_ps(x1, idv)), d);
+    }
+}
+
+Q8_TARGET static void quantize_per256_avx512(const float *x, lm_q8a_block *out, int64_t n) {
+    for (int64_t sb = 0; sb < n / 256; sb++) {
+        const float *xs = x + sb * 256;
+        __m512 m = _mm512_setzero_ps();
+        for (int i = 0; i < 256; i += 16) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(xs + i)));
+        float amax = _mm512_reduce_max_ps(m), max = 0.0f;
+        /* the signed value at the first position of largest magnitude */
+        for (int i = 0; i < 256 && amax != 0.0f; i += 16) {
+            __mmask16 hit = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_loadu_ps(xs + i)), _mm512_set1_ps(amax), _CMP_EQ_OQ);
+            if (hit) {
+                max = xs[i + __builtin_ctz(hit)];
+                break;
+            }
+        }
+        float iscale = amax != 0.0f ? -127.0f / max : 0.0f, d = amax != 0.0f ? 1.0f / iscale : 0.0f;
+        __m512 is = _mm512_set1_ps(iscale);
+        __m512i k127 = _mm512_set1_epi32(127);
+        for (int b = 0; b < 8; b++) {
+            lm_q8a_block *o = &out[sb * 8 + b];
+            __m512i q0 = _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(is, _mm512_loadu_ps(xs + b * 32))), k127);
+            __m512i q1 = _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(is, _mm512_loadu_ps(xs + b * 32 + 16))), k127);
+            o->d = d;
+            store_codes(o, q0, q1, d);
+        }
+    }
+}
+
+static bool has_avx512(void) {
+    static int cached = -1; /* threads racing here all store the same value */
+    if (cached < 0)
+        cached = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                 __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") && lm_cpu_has_avx2();
+    return cached;
+}
+#endif
+
+void lm_q8a_quantize_row_ref(const float *x, lm_q8a_block *out, int64_t n, lm_q8a_style style) {
+    if (style == LM_Q8A_PER256)
+        quantize_per256(x, out, n);
+    else
+        quantize_per32(x, out, n);
+}
+
 void lm_q8a_quantize_row(const float *x, lm_q8a_block *out, int64_t n, lm_q8a_style style) {
+#if defined(__x86_64__)
+    if (has_avx512()) {
+        if (style == LM_Q8A_PER256)
+            quantize_per256_avx512(x, out, n);
+        else
+            quantize_per32_avx512(x, out, n);
+        return;
+    }
+#endif
     if (style == LM_Q8A_PER256)
         quantize_per256(x, out, n);
     else

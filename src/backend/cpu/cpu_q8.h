@@ -46,8 +46,10 @@ typedef struct lm_q8a_block {
 
 typedef enum lm_q8a_style { LM_Q8A_PER32, LM_Q8A_PER256 } lm_q8a_style;
 
-/* Quantizes x[n] into n / 32 blocks (n % 32 == 0, and n % 256 == 0 for PER256). */
+/* Quantizes x[n] into n / 32 blocks (n % 32 == 0, and n % 256 == 0 for PER256);
+ * vectorized where the CPU allows. _ref: the portable code, equal bit for bit. */
 void lm_q8a_quantize_row(const float *x, lm_q8a_block *out, int64_t n, lm_q8a_style style);
+void lm_q8a_quantize_row_ref(const float *x, lm_q8a_block *out, int64_t n, lm_q8a_style style);
 
 /* The activation style the kernels of `type` expect. */
 lm_q8a_style lm_q8a_style_for(lm_dtype type);
