@@ -571,14 +571,16 @@ static void run_steps(lm_model_internal *m, lm_dtype kv_type, float *out) {
     lm_kv_cache_free(kv);
 }
 
+enum { MAX_PAR_SEQ = 8 };
+
 /* n_seq sequences decoded together, one token each per step (the steps after the
  * first two replay a recorded CUDA graph); out [E2E_TOK][n_seq][n_vocab] */
 static void run_parallel_steps(lm_model_internal *m, lm_dtype kv_type, int n_seq, float *out) {
     lm_kv_cache *kv = NULL;
     CHECK(lm_kv_cache_for_model(m, 64, n_seq, kv_type, &kv) == LM_OK);
     for (int i = 0; i < E2E_TOK; i++) {
-        int32_t tok[4], pos[4], seq[4];
-        int8_t want[4];
+        int32_t tok[MAX_PAR_SEQ], pos[MAX_PAR_SEQ], seq[MAX_PAR_SEQ];
+        int8_t want[MAX_PAR_SEQ];
         for (int s = 0; s < n_seq; s++)
             tok[s] = (int32_t)((i * 37 + s * 11 + 5) % m->hp.n_vocab), pos[s] = i, seq[s] = s, want[s] = 1;
         lm_batch b = {n_seq, tok, pos, seq, want};
@@ -593,9 +595,12 @@ static void test_graphs_equal_direct(const char *path, lm_dtype kv_type, const c
     lm_model_internal *mg = load_model(g_gpu, path), *md = load_model(g_gpu_direct, path);
     if (!mg || !md) return;
     int64_t V = mg->hp.n_vocab;
-    float *a = fmalloc(E2E_TOK * 3 * V), *b = fmalloc(E2E_TOK * 3 * V);
+    float *a = fmalloc(E2E_TOK * MAX_PAR_SEQ * V), *b = fmalloc(E2E_TOK * MAX_PAR_SEQ * V);
     bool same = true;
-    for (int n_seq = 1; n_seq <= 3; n_seq += 2) {
+    /* 1 and 3 sequences: matrix-vector products; 6: GEMMs (cuBLAS inside the graph) */
+    static const int k_n_seq[] = {1, 3, 6};
+    for (size_t c = 0; c < sizeof k_n_seq / sizeof k_n_seq[0]; c++) {
+        const int n_seq = k_n_seq[c];
         run_parallel_steps(mg, kv_type, n_seq, a);
         run_parallel_steps(md, kv_type, n_seq, b);
         same = same && bit_equal(a, b, E2E_TOK * n_seq * V);
