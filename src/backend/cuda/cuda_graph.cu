@@ -13,9 +13,11 @@
  * device are part of the graph. So a replay writes the new metadata into the staging
  * buffers and launches the graph.
  *
- * Order of events for a key: the first pass runs directly (WARM: every scratch and
- * metadata buffer grows to its size, at the padded sizes); the second is captured
- * and launched; later ones replay. A graph is dropped when any buffer it points at
+ * Order of events for a key: the first LM_CUDA_WARM_RUNS passes run directly (WARM:
+ * every scratch and metadata buffer grows to its size, at the padded sizes); the next
+ * is captured and launched; later ones replay. Capturing and instantiating costs a
+ * few passes' worth of launches, so a shape seen only a few times (the chunks of one
+ * long prompt) is never recorded; decode steps repeat hundreds of times. A graph is dropped when any buffer it points at
  * moved (cu->mem_gen), e.g. when a long prefill grew the scratch. Recording never
  * changes results: the same kernels run on the same data. */
 #include <stdio.h>
@@ -59,12 +61,14 @@ static lm_cuda_graph *graph_find(lm_cuda_backend *cu, uint64_t key) {
     return NULL;
 }
 
-static bool seen_before(lm_cuda_backend *cu, uint64_t key) {
+/* How many times this key ran directly before (0: never; counted in a ring). */
+static int runs_before(lm_cuda_backend *cu, uint64_t key) {
     for (int i = 0; i < LM_CUDA_SEEN; i++)
-        if (cu->seen[i] == key) return true;
+        if (cu->seen[i] == key) return ++cu->seen_runs[i] - 1;
     cu->seen[cu->seen_next] = key;
+    cu->seen_runs[cu->seen_next] = 1;
     cu->seen_next = (cu->seen_next + 1) % LM_CUDA_SEEN;
-    return false;
+    return 0;
 }
 
 extern "C" lm_status lm_cuda_pass_begin(lm_backend *b, uint64_t key, const lm_kv_cache *kv,
@@ -88,7 +92,7 @@ extern "C" lm_status lm_cuda_pass_begin(lm_backend *b, uint64_t key, const lm_kv
     lm_cuda_graph *g = graph_find(cu, key);
     if (g) {
         cu->pass_mode = LM_CUDA_PASS_REPLAY;
-    } else if (seen_before(cu, key)) {
+    } else if (runs_before(cu, key) >= LM_CUDA_WARM_RUNS) {
         if (!lm_cuda_ok(cu, cudaStreamBeginCapture(cu->stream, cudaStreamCaptureModeThreadLocal),
                         "cudaStreamBeginCapture"))
             return lm_cuda_take_error(cu);

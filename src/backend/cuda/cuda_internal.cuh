@@ -52,7 +52,7 @@ typedef struct lm_cuda_meta {
  * REPLAY: a recording of this shape exists, ops only stage their host metadata. */
 enum lm_cuda_pass_mode { LM_CUDA_PASS_DIRECT, LM_CUDA_PASS_WARM, LM_CUDA_PASS_CAPTURE, LM_CUDA_PASS_REPLAY };
 
-enum { LM_CUDA_GRAPHS = 32, LM_CUDA_SEEN = 64 };
+enum { LM_CUDA_GRAPHS = 32, LM_CUDA_SEEN = 64, LM_CUDA_WARM_RUNS = 2 };
 
 typedef struct lm_cuda_graph {
     uint64_t key;      /* 0: free slot                                   */
@@ -96,7 +96,8 @@ typedef struct lm_cuda_backend {
     uint64_t mem_gen;  /* bumped whenever a scratch or metadata buffer moves   */
     uint64_t use_clock;
     lm_cuda_graph graphs[LM_CUDA_GRAPHS];
-    uint64_t seen[LM_CUDA_SEEN]; /* keys run once (WARM), ring               */
+    uint64_t seen[LM_CUDA_SEEN]; /* keys run directly (WARM), ring           */
+    int seen_runs[LM_CUDA_SEEN]; /* how many times each                      */
     int seen_next;
     uint64_t n_captured, n_replayed; /* printed at exit with LUMEN_CUDA_GRAPHS_LOG=1 */
 } lm_cuda_backend;
