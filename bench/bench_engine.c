@@ -154,15 +154,16 @@ static void bench_a(void) {
     printf("## (a) %d conversations, prefix %lld tokens (%zu messages), prompts %zu tokens (first), max_tokens 1\n", n,
            (long long)st.n_prefix_tokens, np, n_tok);
     printf("engine: load + prefix %.2f s; generate %.2f s = %.1f conversations/s (batch %d, %lld steps, %.1f "
-           "tokens/step, occupancy %.2f)\n",
-           t_load, t_engine, n / t_engine, k_batch, (long long)st.n_steps, st.mean_batch_tokens, st.batch_occupancy);
+           "tokens/step, occupancy %.2f, %lld preemptions)\n",
+           t_load, t_engine, n / t_engine, k_batch, (long long)st.n_steps, st.mean_batch_tokens, st.batch_occupancy,
+           (long long)st.n_preemptions);
     printf("engine: prompt tokens %lld, reused from cache %lld (hit rate %.3f), computed %lld (prefix %lld once)\n",
            (long long)(st.n_prompt_tokens - s0.n_prompt_tokens), (long long)st.n_cached_tokens, st.cache_hit_rate,
            (long long)st.n_prefill_tokens, (long long)st.n_prefix_tokens);
     printf("baseline (one at a time, no cache): %d conversations in %.2f s = %.1f conversations/s\n", nb, t_base,
            nb / t_base);
-    printf("speedup: %.1fx   (positive answers: %d of %d; peak RSS %.2f GiB)\n", per_base / per_engine, n_pos, n,
-           lm_engine_peak_memory_gb(e));
+    printf("speedup: %.1fx   (positive answers: %d of %d; peak memory %.2f GiB, of which the device's %.2f GiB)\n",
+           per_base / per_engine, n_pos, n, lm_engine_peak_memory_gb(e), (double)st.device_peak_bytes / 1073741824.0);
     (void)agree;
     lm_request_free(NULL);
     lm_context_free(ctx);
