@@ -7,8 +7,10 @@
  *     (the first few also through the standalone generator, lm_context);
  *   - together: all 32 at once on an engine with batch_size 32 (continuous batching,
  *     prompt chunks beside decodes), twice: the first round computes the prompts (a
- *     miss, but for the system prompt they share), the second finds every prompt in
- *     the prefix cache (a hit): both rounds equal alone, token for token;
+ *     miss), the second finds every prompt in the prefix cache (a hit): both rounds
+ *     equal alone, token for token;
+ *   - together in a KV pool too small for them all to grow: running requests are
+ *     preempted and recompute their prompt and generated tokens later; still equal;
  *   - lm_engine_generate with the system prompt as the engine's prefix message: the
  *     texts equal alone, and the prefix is prefilled once per engine (asserted on
  *     the prefill-token counts of lm_engine_stats).
@@ -19,6 +21,7 @@
  * CPU threads (default 2). */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine/engine.h"
 #include "lumen.h"
@@ -41,8 +44,12 @@ static const char *k_questions[N] = {
 
 static const char *g_model, *g_backend;
 static int g_threads = 2;
+static int32_t g_ids[N][512], g_alone[N][MAXT];
+static size_t g_n_ids[N];
+static int g_n_alone[N];
 
-static lm_engine *open_engine(int batch, uint64_t cache_bytes, const lm_chat_message *prefix, size_t n_prefix) {
+static lm_engine *open_engine(int batch, uint64_t cache_bytes, uint64_t kv_bytes, const lm_chat_message *prefix,
+                              size_t n_prefix) {
     lm_engine_params p = lm_engine_default_params();
     p.model.n_threads = g_threads;
     p.model.backend = g_backend;
@@ -50,6 +57,7 @@ static lm_engine *open_engine(int batch, uint64_t cache_bytes, const lm_chat_mes
     p.batch_size = batch;
     p.max_batch_tokens = 128;
     p.prefix_cache_bytes = cache_bytes;
+    p.max_kv_bytes = kv_bytes;
     p.prefix_messages = prefix;
     p.n_prefix_messages = n_prefix;
     lm_engine *e = NULL;
@@ -125,6 +133,44 @@ static size_t render(const lm_model *m, const lm_chat_message *msgs, const char 
     return nt;
 }
 
+/* Holds the worker until *arg is set, so every request of a round is queued when it
+ * looks: the batch forms the same way each run. */
+static lm_status gate_job(lm_engine *e, void *arg, void **result) {
+    (void)e;
+    (void)result;
+    while (!__atomic_load_n((int *)arg, __ATOMIC_ACQUIRE)) usleep(1000);
+    return LM_OK;
+}
+
+/* All prompts at once on `e`; checks each equals alone (and, if `hit`, that all of
+ * its prompt but the last token came from the prefix cache). */
+static void together_round(lm_engine *e, const char *what, bool hit) {
+    lm_generate_params g = greedy();
+    lm_engine_request *rs[N];
+    int open = 0;
+    lm_future *gate = NULL;
+    CHECK(lm_engine_submit(e, gate_job, &open, &gate) == LM_OK);
+    for (int i = 0; i < N; i++) CHECK(lm_engine_request_start(e, g_ids[i], g_n_ids[i], &g, &rs[i]) == LM_OK);
+    __atomic_store_n(&open, 1, __ATOMIC_RELEASE);
+    CHECK(lm_future_wait(gate, NULL) == LM_OK);
+    lm_future_free(gate);
+    int diff = 0;
+    for (int i = 0; i < N; i++) {
+        int32_t toks[MAXT];
+        int n = drain(rs[i], toks);
+        lm_stats rst;
+        lm_engine_request_stats(rs[i], &rst);
+        if (hit) CHECK(rst.n_cached_tokens == rst.n_prompt_tokens - 1);
+        lm_engine_request_free(rs[i]);
+        if (!same(toks, n, g_alone[i], g_n_alone[i])) {
+            fprintf(stderr, "%s: prompt %d differs from alone at token %d\n", what, i,
+                    first_diff(toks, n, g_alone[i], g_n_alone[i]));
+            diff++;
+        }
+    }
+    CHECK(diff == 0);
+}
+
 static char *read_file(const char *path) {
     FILE *f = fopen(path, "rb");
     if (!f) return NULL;
@@ -153,9 +199,7 @@ int main(int argc, char **argv) {
         msgs[i][0] = sys;
         msgs[i][1] = (lm_chat_message){"user", k_questions[i]};
     }
-    static int32_t alone[N][MAXT], together[N][MAXT], ref[MAXT], ids[N][512];
-    size_t n_ids[N];
-    int n_alone[N], n_together[N];
+    static int32_t ref[MAXT];
     lm_generate_params g = greedy();
 
     lm_model_params mp = lm_model_default_params();
@@ -174,50 +218,34 @@ int main(int argc, char **argv) {
     bool own_template = lm_model_has_chat_template(model);
     char *tmpl = own_template ? NULL : read_file(LUMEN_SOURCE_DIR "/tests/golden/templates/google-gemma-3-it.jinja");
     CHECK(own_template || tmpl);
-    for (int i = 0; i < N; i++) n_ids[i] = render(model, msgs[i], tmpl, ids[i], 512);
+    for (int i = 0; i < N; i++) g_n_ids[i] = render(model, msgs[i], tmpl, g_ids[i], 512);
 
     /* alone: one request at a time, nothing reused */
-    lm_engine *e = open_engine(1, 1, NULL, 0);
+    lm_engine *e = open_engine(1, 1, 0, NULL, 0);
     for (int i = 0; i < N; i++) {
         lm_engine_request *r;
-        CHECK(lm_engine_request_start(e, ids[i], n_ids[i], &g, &r) == LM_OK);
-        n_alone[i] = drain(r, alone[i]);
+        CHECK(lm_engine_request_start(e, g_ids[i], g_n_ids[i], &g, &r) == LM_OK);
+        g_n_alone[i] = drain(r, g_alone[i]);
         lm_stats rs;
         lm_engine_request_stats(r, &rs);
-        CHECK(rs.n_cached_tokens == 0 && n_alone[i] > 0);
+        CHECK(rs.n_cached_tokens == 0 && g_n_alone[i] > 0);
         lm_engine_request_free(r);
     }
     lm_engine_close(e);
     for (int i = 0; i < N_STANDALONE; i++) {
-        int n = standalone(model, ids[i], n_ids[i], ref);
-        if (!same(ref, n, alone[i], n_alone[i]))
+        int n = standalone(model, g_ids[i], g_n_ids[i], ref);
+        if (!same(ref, n, g_alone[i], g_n_alone[i]))
             fprintf(stderr, "prompt %d: the engine differs from the standalone generator at token %d\n", i,
-                    first_diff(ref, n, alone[i], n_alone[i]));
-        CHECK(same(ref, n, alone[i], n_alone[i]));
+                    first_diff(ref, n, g_alone[i], g_n_alone[i]));
+        CHECK(same(ref, n, g_alone[i], g_n_alone[i]));
     }
     lm_model_free(model);
     free(tmpl);
 
     /* together: all at once, twice (the second round from the cache) */
-    e = open_engine(N, 0, NULL, 0);
-    for (int round = 0; round < 2; round++) {
-        lm_engine_request *rs[N];
-        for (int i = 0; i < N; i++) CHECK(lm_engine_request_start(e, ids[i], n_ids[i], &g, &rs[i]) == LM_OK);
-        int diff = 0;
-        for (int i = 0; i < N; i++) {
-            n_together[i] = drain(rs[i], together[i]);
-            lm_stats rst;
-            lm_engine_request_stats(rs[i], &rst);
-            if (round == 1) CHECK(rst.n_cached_tokens == rst.n_prompt_tokens - 1); /* a full hit */
-            lm_engine_request_free(rs[i]);
-            if (!same(together[i], n_together[i], alone[i], n_alone[i])) {
-                fprintf(stderr, "round %d prompt %d differs from alone at token %d\n", round, i,
-                        first_diff(together[i], n_together[i], alone[i], n_alone[i]));
-                diff++;
-            }
-        }
-        CHECK(diff == 0);
-    }
+    e = open_engine(N, 0, 0, NULL, 0);
+    together_round(e, "together, miss", false);
+    together_round(e, "together, hit", true);
     lm_engine_stats es;
     CHECK(lm_engine_get_stats(e, &es) == LM_OK);
     printf("%s together: %lld steps, %.1f tokens/step, occupancy %.2f, cache hit rate %.2f\n", g_model,
@@ -230,6 +258,17 @@ int main(int argc, char **argv) {
     double gb = lm_engine_peak_memory_gb(e);
     printf("%s peak memory: %.2f GiB (device %.2f GiB)\n", g_model, gb, (double)es.device_peak_bytes / 1073741824.0);
     CHECK(gb > (double)es.device_peak_bytes / 1073741824.0);
+    uint64_t per_block = es.kv_bytes / (uint64_t)es.kv_blocks;
+    lm_engine_close(e);
+
+    /* together in a pool of 40 blocks: each prompt and its first token fit (2-3
+     * blocks), 32 grown sequences (~3 each) do not */
+    e = open_engine(N, 0, per_block * 40, NULL, 0);
+    together_round(e, "preempted", false);
+    CHECK(lm_engine_get_stats(e, &es) == LM_OK);
+    printf("%s preempted: %lld preemptions, %lld prefill tokens for %lld prompt tokens\n", g_model,
+           (long long)es.n_preemptions, (long long)es.n_prefill_tokens, (long long)es.n_prompt_tokens);
+    CHECK(es.n_preemptions > 0);
     lm_engine_close(e);
 
     if (!own_template) {
@@ -237,13 +276,13 @@ int main(int argc, char **argv) {
         TEST_MAIN_END();
     }
     /* lm_engine_generate with the system prompt as the prefix message */
-    e = open_engine(8, 0, &sys, 1);
+    e = open_engine(8, 0, 0, &sys, 1);
     const lm_model *m = lm_engine_model(e);
     lm_engine_stats es0;
     CHECK(lm_engine_get_stats(e, &es0) == LM_OK);
     CHECK(es0.n_prefix_tokens > 0 && es0.n_prefill_tokens == es0.n_prefix_tokens); /* computed at load */
     int64_t own = 0; /* the conversations' tokens after the prefix */
-    for (int i = 0; i < N; i++) own += (int64_t)n_ids[i] - es0.n_prefix_tokens;
+    for (int i = 0; i < N; i++) own += (int64_t)g_n_ids[i] - es0.n_prefix_tokens;
     lm_conversation convs[N];
     for (int i = 0; i < N; i++) convs[i] = (lm_conversation){msgs[i], 2};
     char **texts = NULL;
@@ -252,9 +291,9 @@ int main(int argc, char **argv) {
         char buf[2048];
         size_t nb = 0;
         /* an end token finishes without text */
-        size_t n = (size_t)n_alone[i];
-        if (n && lm_token_is_eog(m, alone[i][n - 1])) n--;
-        CHECK(lm_detokenize(m, alone[i], n, 0, buf, sizeof buf, &nb) == LM_OK);
+        size_t n = (size_t)g_n_alone[i];
+        if (n && lm_token_is_eog(m, g_alone[i][n - 1])) n--;
+        CHECK(lm_detokenize(m, g_alone[i], n, 0, buf, sizeof buf, &nb) == LM_OK);
         if (strcmp(buf, texts[i]) != 0) fprintf(stderr, "generate %d: \"%s\" vs alone \"%s\"\n", i, texts[i], buf);
         CHECK(strcmp(buf, texts[i]) == 0);
     }
