@@ -89,7 +89,7 @@ lm_status lm_context_create(lm_model *model, lm_context_params params, lm_contex
     c->n_ctx = n_ctx;
     c->kv_type = type;
     c->kv_bytes = kv_bytes;
-    c->logits = malloc(sizeof(float) * (size_t)model->m->hp.n_vocab);
+    c->logits = lm_backend_host_alloc(model->backend, sizeof(float) * (size_t)model->m->hp.n_vocab);
     c->tokens = malloc(sizeof(int32_t) * (size_t)n_ctx);
     c->pos = malloc(sizeof(int32_t) * PREFILL_CHUNK);
     c->seq = calloc(PREFILL_CHUNK, sizeof(int32_t));
@@ -109,7 +109,7 @@ void lm_context_free(lm_context *ctx) {
     if (ctx->active) ctx->active->ctx = NULL; /* a misuse; the request then fails cleanly */
     atomic_fetch_sub(&ctx->model->kv_bytes_live, ctx->kv_bytes);
     lm_kv_cache_free(ctx->kv);
-    free(ctx->logits);
+    lm_backend_host_free(ctx->model->backend, ctx->logits);
     free(ctx->tokens);
     free(ctx->pos);
     free(ctx->seq);

@@ -75,7 +75,9 @@ lm_status lm_eng_load(lm_engine *e) {
     e->b_seq = malloc(sizeof(int32_t) * (size_t)bt);
     e->b_want = malloc((size_t)bt);
     e->match_blocks = malloc(sizeof(int32_t) * (size_t)(e->p.max_kv_size / bs + 2));
-    e->logits = malloc(sizeof(float) * (size_t)e->n_vocab * (size_t)(e->p.batch_size + 1));
+    /* page-locked on a GPU: the logits of every sequence come back each step */
+    e->logits = lm_backend_host_alloc(m->backend,
+                                      sizeof(float) * (size_t)e->n_vocab * (size_t)(e->p.batch_size + 1));
     if (!e->free_slots || !e->running || !e->b_tok || !e->b_pos || !e->b_seq || !e->b_want || !e->match_blocks ||
         !e->logits)
         return lm_error(LM_ERR_NO_MEMORY, "out of memory for the engine's buffers");
@@ -98,6 +100,8 @@ lm_status lm_eng_load(lm_engine *e) {
 
 void lm_eng_unload(lm_engine *e) {
     /* everything ended: free the model and the caches */
+    if (e->model) lm_backend_host_free(e->model->backend, e->logits);
+    e->logits = NULL;
     lm_prefix_cache_free(e->pc);
     lm_kv_cache_free(e->kv);
     lm_model_free(e->model);
@@ -114,6 +118,5 @@ void lm_eng_unload(lm_engine *e) {
     free(e->b_seq);
     free(e->b_want);
     free(e->match_blocks);
-    free(e->logits);
     free(e->prefix_tokens);
 }
