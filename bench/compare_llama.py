@@ -10,6 +10,7 @@ the fraction of the memory-bandwidth limit reached in generation:
 
 usage: bench/compare_llama.py [--models NAME...] [--threads 1 2] [--pp 512] [--tg 128]
                               [--reps 5] [--venv DIR] [--lumen build/lumen] [--json FILE]
+(--pp 0 or --tg 0 skips that measure.)
 """
 import argparse
 import json
@@ -84,13 +85,15 @@ def run_lumen(lumen, path, threads, n_prompt, n_gen):
     out = subprocess.run([lumen, "bench", path, "-p", str(n_prompt), "-n", str(n_gen), "-t", str(threads),
                           "-r", "1", "--json"], capture_output=True, text=True, check=True)
     j = json.loads(out.stdout)
-    return {"pp": j["pp_tokens_per_s"], "tg": j["tg_tokens_per_s"], "weight_bytes": j["weight_bytes"]}
+    return {"pp": j.get("pp_tokens_per_s", 0.0) if n_prompt else 0.0, "tg": j.get("tg_tokens_per_s", 0.0) if n_gen else 0.0,
+            "weight_bytes": j["weight_bytes"]}
 
 
 def run_llama(py, path, threads, n_prompt, n_gen):
     out = subprocess.run([py, "-c", LLAMA_RUNNER, path, str(threads), str(n_prompt), str(n_gen)],
                          capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    j = json.loads(out.stdout.strip().splitlines()[-1])
+    return {"pp": j.get("pp", 0.0), "tg": j.get("tg", 0.0)}
 
 
 def main():
@@ -127,10 +130,11 @@ def main():
                 print(f"  {name} t={t} rep {r + 1}: lumen pp {a['pp']:.1f} tg {a['tg']:.1f} | "
                       f"llama.cpp pp {b['pp']:.1f} tg {b['tg']:.1f}", file=sys.stderr, flush=True)
             med = {k: (statistics.median(ours[k]), statistics.median(peer[k])) for k in ours}
+            ratio = {k: med[k][0] / med[k][1] if med[k][1] > 0 else 0.0 for k in med}
             rows.append({
                 "model": name, "threads": t, "read_gb_per_s": bw, "weight_bytes": wbytes,
-                "pp_lumen": med["pp"][0], "pp_llama": med["pp"][1], "pp_ratio": med["pp"][0] / med["pp"][1],
-                "tg_lumen": med["tg"][0], "tg_llama": med["tg"][1], "tg_ratio": med["tg"][0] / med["tg"][1],
+                "pp_lumen": med["pp"][0], "pp_llama": med["pp"][1], "pp_ratio": ratio["pp"],
+                "tg_lumen": med["tg"][0], "tg_llama": med["tg"][1], "tg_ratio": ratio["tg"],
                 "tg_bw_fraction_lumen": wbytes * med["tg"][0] / (bw * 1e9),
                 "tg_bw_fraction_llama": wbytes * med["tg"][1] / (bw * 1e9),
             })

@@ -125,14 +125,15 @@ static void test_q8_kernels(void) {
             for (int tok = 0; tok < TOK; tok++)
                 for (int r = 0; r < ROWS; r++) want[tok * ROWS + r] = exact(wq + r * row_bytes, a + tok * stride, cols);
             /* matrix-vector: all tokens at once, then token groups of every size */
-            lm_q8a_gemv_fn gemvs[2] = {ka.gemv, kv.gemv};
+            lm_q8a_kernels ks[2] = {ka, kv};
             for (int k = 0; k < 2; k++) {
-                if (!gemvs[k]) continue;
+                if (!ks[k].gemv) continue;
+                int g = ks[k].gemv_rows;
                 for (int t0 = 0, tn = TOK; t0 < TOK; t0 += tn, tn = 1 + (t0 % 5)) {
                     int nt = t0 + tn <= TOK ? tn : TOK - t0;
-                    for (int r = 0; r < ROWS; r += 8)
-                        gemvs[k](wq + r * row_bytes, row_bytes, ROWS - r < 8 ? ROWS - r : 8, a + t0 * stride, stride,
-                                 nt, cols, got + t0 * ROWS + r, ROWS);
+                    for (int r = 0; r < ROWS; r += g)
+                        ks[k].gemv(wq + r * row_bytes, row_bytes, ROWS - r < g ? ROWS - r : g, a + t0 * stride, stride,
+                                   nt, cols, got + t0 * ROWS + r, ROWS);
                 }
                 for (int i = 0; i < TOK * ROWS; i++) mismatch_gemv += !same_bits(got[i], want[i]);
             }

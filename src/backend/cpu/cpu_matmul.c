@@ -69,9 +69,10 @@ static void q8_unit(const q8_job *job, const lm_weight *w, float *y, int64_t u, 
         w->q8.tile(panel, nr, job->a, stride, job->n, cols, y + r0, rows);
         return;
     }
-    for (int r = 0; r < nr; r += LM_Q8A_GEMV_ROWS)
-        w->q8.gemv(wr + (size_t)r * row_bytes, row_bytes, nr - r < LM_Q8A_GEMV_ROWS ? nr - r : LM_Q8A_GEMV_ROWS,
-                   job->a, stride, job->n, cols, y + r0 + r, rows);
+    int g = w->q8.gemv_rows;
+    for (int r = 0; r < nr; r += g)
+        w->q8.gemv(wr + (size_t)r * row_bytes, row_bytes, nr - r < g ? nr - r : g, job->a, stride, job->n, cols,
+                   y + r0 + r, rows);
 }
 
 static void q8_worker(void *ctx, int ith, int nth) {

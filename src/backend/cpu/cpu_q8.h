@@ -55,10 +55,9 @@ void lm_q8a_quantize_row_ref(const float *x, lm_q8a_block *out, int64_t n, lm_q8
 lm_q8a_style lm_q8a_style_for(lm_dtype type);
 
 /* Matrix-vector kernel (decode): y[t * y_stride + r] = row r . token t for r < nr
- * (nr <= LM_Q8A_GEMV_ROWS; row r at w + r * row_bytes) and t < n_tok (any count:
- * tokens are taken LM_Q8A_GEMV_TOKENS at a time, each row unit decoded once per
- * group), n elements per row; token t's blocks at a + t * a_stride. */
-enum { LM_Q8A_GEMV_ROWS = 8, LM_Q8A_GEMV_TOKENS = 4 };
+ * (nr <= the kernel's gemv_rows; row r at w + r * row_bytes) and t < n_tok (any
+ * count: tokens are taken a few at a time, each row unit decoded once per group),
+ * n elements per row; token t's blocks at a + t * a_stride. */
 typedef void (*lm_q8a_gemv_fn)(const uint8_t *w, size_t row_bytes, int nr, const lm_q8a_block *a,
                                int64_t a_stride, int64_t n_tok, int64_t n, float *y, int64_t y_stride);
 
@@ -74,6 +73,7 @@ typedef size_t (*lm_q8a_panel_bytes_fn)(int64_t n);
 
 typedef struct lm_q8a_kernels {
     lm_q8a_gemv_fn gemv;               /* NULL: the type has no integer kernel here */
+    int gemv_rows;                     /* rows per gemv call (8 or 16) */
     lm_q8a_pack_fn pack;               /* NULL: no tiled kernel (gemv for every batch) */
     lm_q8a_tile_fn tile;
     lm_q8a_panel_bytes_fn panel_bytes;
@@ -89,10 +89,10 @@ lm_q8a_kernels lm_q8a_kernels_for(lm_dtype type);
 lm_q8a_kernels lm_q8a_kernels_for_avx2(lm_dtype type);
 lm_q8a_kernels lm_q8a_kernels_for_vnni(lm_dtype type);
 
-/* The tiled kernels on 512-bit vectors with AVX-512 VNNI (cpu_q8_tile.c), for
- * lm_q8a_kernels_for_vnni; left NULL for types without one. */
-void lm_q8a_tile_kernels_avx512(lm_dtype type, lm_q8a_pack_fn *pack, lm_q8a_tile_fn *tile,
-                                lm_q8a_panel_bytes_fn *panel_bytes);
+/* The kernels on 512-bit vectors with AVX-512 VNNI (cpu_q8_avx512.c) for
+ * lm_q8a_kernels_for_vnni: 16-row matrix-vector and tiled; all NULL for types
+ * without them. */
+lm_q8a_kernels lm_q8a_kernels_avx512(lm_dtype type);
 
 /* The arithmetic above in portable C, one row and one token: what every kernel must
  * equal bit for bit. NULL for types without a kernel. */

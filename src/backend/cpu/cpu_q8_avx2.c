@@ -18,7 +18,9 @@ static inline __m256i dot_u8_i8(__m256i u, __m256i a) {
 #define KSUFFIX avx2
 #include "backend/cpu/cpu_q8_kernels.inc"
 
-lm_q8a_kernels lm_q8a_kernels_for_avx2(lm_dtype type) { return (lm_q8a_kernels){K(lm_q8a_gemv_for)(type), NULL, NULL, NULL}; }
+lm_q8a_kernels lm_q8a_kernels_for_avx2(lm_dtype type) {
+    return (lm_q8a_kernels){.gemv = K(lm_q8a_gemv_for)(type), .gemv_rows = 8};
+}
 #if defined(__clang__)
 #pragma clang attribute pop
 #endif

@@ -393,6 +393,8 @@ static inline __attribute__((always_inline)) void tile_k(const uint8_t *panel, i
     case 1: tile_k_T(panel, nr, at, a_stride, 1, n, q6, yt, y_stride); break;
     case 2: tile_k_T(panel, nr, at, a_stride, 2, n, q6, yt, y_stride); break;
     case 3: tile_k_T(panel, nr, at, a_stride, 3, n, q6, yt, y_stride); break;
+    case 4: tile_k_T(panel, nr, at, a_stride, 4, n, q6, yt, y_stride); break;
+    case 5: tile_k_T(panel, nr, at, a_stride, 5, n, q6, yt, y_stride); break;
     default: break;
     }
 }
@@ -406,28 +408,373 @@ static void tile_q6_k(const uint8_t *panel, int nr, const lm_q8a_block *a, int64
     tile_k(panel, nr, a, a_stride, n_tok, n, 1, y, y_stride);
 }
 
-void lm_q8a_tile_kernels_avx512(lm_dtype type, lm_q8a_pack_fn *pack, lm_q8a_tile_fn *tile,
-                                lm_q8a_panel_bytes_fn *panel_bytes) {
-    *pack = NULL, *tile = NULL, *panel_bytes = NULL;
-    switch (type) {
-    case LM_DTYPE_Q4_0: *pack = pack_q4_0, *tile = tile_q4_0, *panel_bytes = panel_bytes_legacy; break;
-    case LM_DTYPE_Q4_1: *pack = pack_q4_1, *tile = tile_q4_1, *panel_bytes = panel_bytes_legacy; break;
-    case LM_DTYPE_Q5_0: *pack = pack_q5_0, *tile = tile_q5_0, *panel_bytes = panel_bytes_legacy; break;
-    case LM_DTYPE_Q5_1: *pack = pack_q5_1, *tile = tile_q5_1, *panel_bytes = panel_bytes_legacy; break;
-    case LM_DTYPE_Q8_0: *pack = pack_q8_0, *tile = tile_q8_0, *panel_bytes = panel_bytes_legacy; break;
-    case LM_DTYPE_Q4_K: *pack = pack_q4_k, *tile = tile_k4k5, *panel_bytes = panel_bytes_k; break;
-    case LM_DTYPE_Q5_K: *pack = pack_q5_k, *tile = tile_k4k5, *panel_bytes = panel_bytes_k; break;
-    case LM_DTYPE_Q6_K: *pack = pack_q6_k, *tile = tile_q6_k, *panel_bytes = panel_bytes_k; break;
-    default: break;
+/* ---- matrix-vector (decode): 16 rows per call ----
+ * Each row's unit is decoded into 512-bit vectors of codes and dotted with the token
+ * (vpdpbusd: 16 lanes of 4 products); the lanes of the 16 rows are then reduced across
+ * rows (a transposing tree of unpacks and 128-bit shuffles) into one vector whose lane
+ * r holds row r's exact integer, and the float steps of cpu_q8.h run lane-wise. Lanes
+ * of 4 products stay below 2^15 (4 * 63 * 127), so K-quant sub-block scales apply
+ * with the 16-bit multiply-add. */
+enum { GV_ROWS = 16, GV_TOK = 3 };
+
+static inline __m512i add4(__m512i a, __m512i b) { return _mm512_add_epi32(a, b); }
+
+/* after this, u[q] holds in 128-bit lane i the sums over lanes 4i..4i+3 of rows 4q..4q+3 */
+static inline void reduce_rows_l2(const __m512i v[16], __m512i u[4]) {
+    __m512i t[8];
+    TUNROLL
+    for (int i = 0; i < 8; i++)
+        t[i] = add4(_mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]));
+    TUNROLL
+    for (int i = 0; i < 4; i++)
+        u[i] = add4(_mm512_unpacklo_epi64(t[2 * i], t[2 * i + 1]), _mm512_unpackhi_epi64(t[2 * i], t[2 * i + 1]));
+}
+
+/* lane r = the sum of the 16 lanes of v[r] */
+static inline __m512i reduce_rows(const __m512i v[16]) {
+    __m512i u[4];
+    reduce_rows_l2(v, u);
+    __m512i x = add4(_mm512_shuffle_i32x4(u[0], u[1], 0x88), _mm512_shuffle_i32x4(u[0], u[1], 0xdd));
+    __m512i y = add4(_mm512_shuffle_i32x4(u[2], u[3], 0x88), _mm512_shuffle_i32x4(u[2], u[3], 0xdd));
+    return add4(_mm512_shuffle_i32x4(x, y, 0x88), _mm512_shuffle_i32x4(x, y, 0xdd));
+}
+
+/* the same over lanes 0..7 (*h0) and 8..15 (*h1) of each v[r] separately */
+static inline void reduce_rows_halves(const __m512i v[16], __m512i *h0, __m512i *h1) {
+    __m512i u[4];
+    reduce_rows_l2(v, u);
+    __m512i x = add4(_mm512_shuffle_i32x4(u[0], u[1], 0x88), _mm512_shuffle_i32x4(u[0], u[1], 0xdd));
+    __m512i y = add4(_mm512_shuffle_i32x4(u[2], u[3], 0x88), _mm512_shuffle_i32x4(u[2], u[3], 0xdd));
+    *h0 = _mm512_shuffle_i32x4(x, y, 0x88);
+    *h1 = _mm512_shuffle_i32x4(x, y, 0xdd);
+}
+
+static inline __m512i dp(__m512i u, __m512i a) { return _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, a); }
+
+/* two activation blocks' codes in one vector (the second zero when absent) */
+static inline __m512i act2(const lm_q8a_block *a0, const lm_q8a_block *a1) {
+    __m256i lo = _mm256_loadu_si256((const __m256i *)a0->q);
+    __m256i hi = a1 ? _mm256_loadu_si256((const __m256i *)a1->q) : _mm256_setzero_si256();
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+static inline int act_sum(const lm_q8a_block *a) { return a->sum16[0] + a->sum16[1]; }
+
+static inline void store_rows(float *y, int nr, __m512 v) {
+    _mm512_mask_storeu_ps(y, nr >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << nr) - 1), v);
+}
+
+/* codes of blocks b and b+1 (natural order, 32 each; the second zero when !two) */
+static inline __attribute__((always_inline)) __m512i legacy_codes2(int fmt, size_t bytes, const uint8_t *wb, int two) {
+    if (fmt == FMT_Q8_0) {
+        __m256i lo = _mm256_loadu_si256((const __m256i *)(wb + 2));
+        __m256i hi = two ? _mm256_loadu_si256((const __m256i *)(wb + bytes + 2)) : _mm256_set1_epi8((char)0x80);
+        return _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), _mm512_set1_epi8((char)0x80));
     }
+    const int qoff = fmt == FMT_Q4_0 ? 2 : fmt == FMT_Q4_1 ? 4 : fmt == FMT_Q5_0 ? 6 : 8;
+    __m128i q0 = _mm_loadu_si128((const __m128i *)(wb + qoff));
+    __m128i q1 = two ? _mm_loadu_si128((const __m128i *)(wb + bytes + qoff)) : _mm_setzero_si128();
+    __m512i z = _mm512_castsi256_si512(_mm256_set_m128i(q1, q0));
+    z = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3), z);
+    z = _mm512_and_si512(_mm512_srlv_epi16(z, _mm512_setr_epi64(0, 0, 0x0004000400040004LL, 0x0004000400040004LL, 0, 0,
+                                                                0x0004000400040004LL, 0x0004000400040004LL)),
+                         _mm512_set1_epi8(0x0f));
+    if (fmt == FMT_Q5_0 || fmt == FMT_Q5_1) {
+        const int hoff = fmt == FMT_Q5_0 ? 2 : 4;
+        uint32_t h0, h1 = 0;
+        memcpy(&h0, wb + hoff, 4);
+        if (two) memcpy(&h1, wb + bytes + hoff, 4);
+        z = _mm512_mask_add_epi8(z, (__mmask64)h0 | (__mmask64)h1 << 32, z, _mm512_set1_epi8(0x10));
+    }
+    return z;
+}
+
+static inline __attribute__((always_inline)) void gemv_legacy_T(int fmt, size_t bytes, int off, int has_min,
+                                                                const uint8_t *w, size_t row_bytes, int nr,
+                                                                const lm_q8a_block *a, int64_t a_stride, int T,
+                                                                int64_t n, float *y, int64_t y_stride) {
+    const uint8_t *rows[GV_ROWS];
+    int32_t offs_a[GV_ROWS];
+    for (int r = 0; r < GV_ROWS; r++) {
+        int rr = r < nr ? r : nr - 1;
+        rows[r] = w + (size_t)rr * row_bytes;
+        offs_a[r] = (int32_t)((size_t)rr * row_bytes);
+    }
+    const __m512i offs = _mm512_loadu_si512(offs_a);
+    __m512 acc[GV_TOK];
+    TUNROLL
+    for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
+    const int64_t nb = n / 32;
+    for (int64_t b = 0; b < nb; b += 2) {
+        const int two = b + 1 < nb;
+        __m512i av[GV_TOK], d[GV_TOK][GV_ROWS];
+        TUNROLL
+        for (int t = 0; t < T; t++) av[t] = act2(&a[t * a_stride + b], two ? &a[t * a_stride + b + 1] : NULL);
+        TUNROLL
+        for (int r = 0; r < GV_ROWS; r++) {
+            __m512i c = legacy_codes2(fmt, bytes, rows[r] + b * bytes, two);
+            TUNROLL
+            for (int t = 0; t < T; t++) d[t][r] = dp(c, av[t]);
+        }
+        /* each row's block header (d, and m or the next bytes) */
+        __m512i h0 = _mm512_i32gather_epi32(offs, (const void *)(w + b * bytes), 1);
+        __m512i h1 = two ? _mm512_i32gather_epi32(offs, (const void *)(w + (b + 1) * bytes), 1) : h0;
+        __m512 dw0 = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h0)), dw1 = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h1));
+        __m512 mw0 = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h0, 16)));
+        __m512 mw1 = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h1, 16)));
+        TUNROLL
+        for (int t = 0; t < T; t++) {
+            __m512i i0, i1;
+            reduce_rows_halves(d[t], &i0, &i1);
+            for (int k = 0; k < 1 + two; k++) {
+                const lm_q8a_block *ab = &a[t * a_stride + b + k];
+                __m512i I = k ? i1 : i0;
+                if (off) I = _mm512_sub_epi32(I, _mm512_set1_epi32(off * act_sum(ab)));
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(k ? dw1 : dw0, _mm512_set1_ps(ab->d)), acc[t]);
+                if (has_min) acc[t] = _mm512_fmadd_ps(k ? mw1 : mw0, _mm512_set1_ps(ab->s), acc[t]);
+            }
+        }
+    }
+    TUNROLL
+    for (int t = 0; t < T; t++) store_rows(y + t * y_stride, nr, acc[t]);
+}
+
+/* tokens GV_TOK at a time; CALL(T) with T constant */
+#define GEMV_TOKENS(CALL)                                                                                       \
+    for (int64_t t0 = 0; t0 < n_tok; t0 += GV_TOK) {                                                            \
+        const lm_q8a_block *at = a + t0 * a_stride;                                                             \
+        float *yt = y + t0 * y_stride;                                                                          \
+        switch (n_tok - t0 < GV_TOK ? n_tok - t0 : GV_TOK) {                                                    \
+        case 1: CALL(1); break;                                                                                 \
+        case 2: CALL(2); break;                                                                                 \
+        default: CALL(3); break;                                                                                \
+        }                                                                                                       \
+    }
+
+#define GEMV_LEGACY(NAME, FMT, BYTES, OFF, HAS_MIN)                                                        \
+    static void NAME(const uint8_t *w, size_t row_bytes, int nr, const lm_q8a_block *a, int64_t a_stride, \
+                     int64_t n_tok, int64_t n, float *y, int64_t y_stride) {                               \
+        for (int64_t t0 = 0; t0 < n_tok; t0 += GV_TOK) {                                                    \
+            const lm_q8a_block *at = a + t0 * a_stride;                                                     \
+            float *yt = y + t0 * y_stride;                                                                  \
+            switch (n_tok - t0 < GV_TOK ? n_tok - t0 : GV_TOK) {                                            \
+            case 1: gemv_legacy_T(FMT, BYTES, OFF, HAS_MIN, w, row_bytes, nr, at, a_stride, 1, n, yt, y_stride); break; \
+            case 2: gemv_legacy_T(FMT, BYTES, OFF, HAS_MIN, w, row_bytes, nr, at, a_stride, 2, n, yt, y_stride); break; \
+            default: gemv_legacy_T(FMT, BYTES, OFF, HAS_MIN, w, row_bytes, nr, at, a_stride, 3, n, yt, y_stride); break; \
+            }                                                                                               \
+        }                                                                                                   \
+    }
+GEMV_LEGACY(gemv_q4_0, FMT_Q4_0, 18, 8, 0)
+GEMV_LEGACY(gemv_q4_1, FMT_Q4_1, 20, 0, 1)
+GEMV_LEGACY(gemv_q5_0, FMT_Q5_0, 22, 16, 0)
+GEMV_LEGACY(gemv_q5_1, FMT_Q5_1, 24, 0, 1)
+GEMV_LEGACY(gemv_q8_0, FMT_Q8_0, 34, 128, 0)
+
+/* Q4_K/Q5_K: the 8 six-bit sub-block scales and mins from their 12 bytes, 8 bytes each */
+static inline void scales_k4_bytes(const uint8_t *s, uint64_t *sc, uint64_t *m) {
+    uint32_t u0, u1, u2;
+    memcpy(&u0, s, 4);
+    memcpy(&u1, s + 4, 4);
+    memcpy(&u2, s + 8, 4);
+    uint32_t sc_lo = u0 & 0x3f3f3f3fu, m_lo = u1 & 0x3f3f3f3fu;
+    uint32_t sc_hi = (u2 & 0x0f0f0f0fu) | ((u0 >> 2) & 0x30303030u);
+    uint32_t m_hi = ((u2 >> 4) & 0x0f0f0f0fu) | ((u1 >> 2) & 0x30303030u);
+    *sc = sc_lo | (uint64_t)sc_hi << 32;
+    *m = m_lo | (uint64_t)m_hi << 32;
+}
+
+/* pshufb controls: dword lanes 0..7 take scale byte j0, lanes 8..15 byte j1 (zero-extended) */
+#define SC_CTL(j0, j1)                                                                                          \
+    _mm512_setr_epi32(0x80808000 | j0, 0x80808000 | j0, 0x80808000 | j0, 0x80808000 | j0, 0x80808000 | j0,       \
+                      0x80808000 | j0, 0x80808000 | j0, 0x80808000 | j0, 0x80808000 | j1, 0x80808000 | j1,       \
+                      0x80808000 | j1, 0x80808000 | j1, 0x80808000 | j1, 0x80808000 | j1, 0x80808000 | j1,       \
+                      0x80808000 | j1)
+
+static inline __attribute__((always_inline)) void gemv_k4k5_T(int q5, const uint8_t *w, size_t row_bytes, int nr,
+                                                              const lm_q8a_block *a, int64_t a_stride, int T,
+                                                              int64_t n, float *y, int64_t y_stride) {
+    const size_t bytes = q5 ? 176 : 144;
+    const int qs_off = q5 ? 48 : 16;
+    const uint8_t *rows[GV_ROWS];
+    for (int r = 0; r < GV_ROWS; r++) rows[r] = w + (size_t)(r < nr ? r : nr - 1) * row_bytes;
+    const __m512i low4 = _mm512_set1_epi8(0x0f);
+    const __m512i ctl[4] = {SC_CTL(0, 2), SC_CTL(1, 3), SC_CTL(4, 6), SC_CTL(5, 7)};
+    /* Q5_K: the bit of each code in qh[l]: sub-block j is bit j */
+    const __m512i hbit[4] = {
+        _mm512_inserti64x4(_mm512_set1_epi8(0x01), _mm256_set1_epi8(0x04), 1),
+        _mm512_inserti64x4(_mm512_set1_epi8(0x02), _mm256_set1_epi8(0x08), 1),
+        _mm512_inserti64x4(_mm512_set1_epi8(0x10), _mm256_set1_epi8(0x40), 1),
+        _mm512_inserti64x4(_mm512_set1_epi8(0x20), _mm256_set1_epi8((char)0x80), 1),
+    };
+    __m512 acc[GV_TOK];
+    TUNROLL
+    for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t sb = 0; sb < n / 256; sb++) {
+        __m512i av[GV_TOK][4], part[GV_TOK][GV_ROWS];
+        int32_t asum[GV_TOK][8];
+        _Alignas(64) int32_t mins[GV_TOK][GV_ROWS];
+        _Alignas(32) uint16_t dh[GV_ROWS], mh[GV_ROWS];
+        TUNROLL
+        for (int t = 0; t < T; t++) {
+            const lm_q8a_block *as = &a[t * a_stride + 8 * sb];
+            av[t][0] = act2(&as[0], &as[2]);
+            av[t][1] = act2(&as[1], &as[3]);
+            av[t][2] = act2(&as[4], &as[6]);
+            av[t][3] = act2(&as[5], &as[7]);
+            for (int j = 0; j < 8; j++) asum[t][j] = act_sum(&as[j]);
+        }
+        TUNROLL
+        for (int r = 0; r < GV_ROWS; r++) {
+            const uint8_t *wb = rows[r] + sb * bytes, *qs = wb + qs_off;
+            __m512i q0 = _mm512_loadu_si512(qs), q1 = _mm512_loadu_si512(qs + 64);
+            __m512i c[4] = {_mm512_and_si512(q0, low4), _mm512_and_si512(_mm512_srli_epi16(q0, 4), low4),
+                            _mm512_and_si512(q1, low4), _mm512_and_si512(_mm512_srli_epi16(q1, 4), low4)};
+            if (q5) {
+                __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(wb + 16)));
+                for (int k = 0; k < 4; k++)
+                    c[k] = _mm512_mask_add_epi8(c[k], _mm512_test_epi8_mask(qh, hbit[k]), c[k], _mm512_set1_epi8(0x10));
+            }
+            uint64_t sc8, m8;
+            scales_k4_bytes(wb + 4, &sc8, &m8);
+            __m512i scb = _mm512_set1_epi64((long long)sc8);
+            __m512i scv[4];
+            for (int k = 0; k < 4; k++) scv[k] = _mm512_shuffle_epi8(scb, ctl[k]);
+            dh[r] = (uint16_t)(wb[0] | wb[1] << 8);
+            mh[r] = (uint16_t)(wb[2] | wb[3] << 8);
+            TUNROLL
+            for (int t = 0; t < T; t++) {
+                __m512i p = _mm512_madd_epi16(dp(c[0], av[t][0]), scv[0]);
+                p = add4(p, _mm512_madd_epi16(dp(c[1], av[t][1]), scv[1]));
+                p = add4(p, _mm512_madd_epi16(dp(c[2], av[t][2]), scv[2]));
+                p = add4(p, _mm512_madd_epi16(dp(c[3], av[t][3]), scv[3]));
+                part[t][r] = p;
+                int32_t mt = 0;
+                for (int j = 0; j < 8; j++) mt += (int32_t)((m8 >> (8 * j)) & 0xff) * asum[t][j];
+                mins[t][r] = mt;
+            }
+        }
+        __m512 d = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)dh));
+        __m512 dmin = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)mh));
+        TUNROLL
+        for (int t = 0; t < T; t++) {
+            __m512 da = _mm512_set1_ps(a[t * a_stride + 8 * sb].d);
+            __m512i S = reduce_rows(part[t]), M = _mm512_load_si512(mins[t]);
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S), _mm512_mul_ps(d, da), acc[t]);
+            acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(M), _mm512_mul_ps(dmin, da), acc[t]);
+        }
+    }
+    TUNROLL
+    for (int t = 0; t < T; t++) store_rows(y + t * y_stride, nr, acc[t]);
+}
+
+static void gemv_q4_k(const uint8_t *w, size_t row_bytes, int nr, const lm_q8a_block *a, int64_t a_stride,
+                      int64_t n_tok, int64_t n, float *y, int64_t y_stride) {
+#define CALL(T) gemv_k4k5_T(0, w, row_bytes, nr, at, a_stride, T, n, yt, y_stride)
+    GEMV_TOKENS(CALL)
+#undef CALL
+}
+static void gemv_q5_k(const uint8_t *w, size_t row_bytes, int nr, const lm_q8a_block *a, int64_t a_stride,
+                      int64_t n_tok, int64_t n, float *y, int64_t y_stride) {
+#define CALL(T) gemv_k4k5_T(1, w, row_bytes, nr, at, a_stride, T, n, yt, y_stride)
+    GEMV_TOKENS(CALL)
+#undef CALL
+}
+
+static inline __attribute__((always_inline)) void gemv_q6k_T(const uint8_t *w, size_t row_bytes, int nr,
+                                                             const lm_q8a_block *a, int64_t a_stride, int T,
+                                                             int64_t n, float *y, int64_t y_stride) {
+    const uint8_t *rows[GV_ROWS];
+    for (int r = 0; r < GV_ROWS; r++) rows[r] = w + (size_t)(r < nr ? r : nr - 1) * row_bytes;
+    const __m512i low4 = _mm512_set1_epi8(0x0f), low2 = _mm512_set1_epi8(0x03);
+    /* int16 index of the scale of each lane: chunk k (64 codes) covers sub-blocks 4k..4k+3 */
+    __m512i sidx[4];
+    for (int k = 0; k < 4; k++) {
+        _Alignas(64) int16_t ix[32];
+        for (int i = 0; i < 32; i++) ix[i] = (int16_t)(4 * k + (i / 2) / 4);
+        sidx[k] = _mm512_load_si512(ix);
+    }
+    __m512 acc[GV_TOK];
+    TUNROLL
+    for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t sb = 0; sb < n / 256; sb++) {
+        __m512i av[GV_TOK][4], part[GV_TOK][GV_ROWS];
+        __m256i as16[GV_TOK];
+        _Alignas(32) uint16_t dh[GV_ROWS];
+        TUNROLL
+        for (int t = 0; t < T; t++) {
+            const lm_q8a_block *as = &a[t * a_stride + 8 * sb];
+            _Alignas(32) int32_t hs[8];
+            for (int k = 0; k < 4; k++) av[t][k] = act2(&as[2 * k], &as[2 * k + 1]);
+            for (int j = 0; j < 8; j++) memcpy(&hs[j], as[j].sum16, 4);
+            as16[t] = _mm256_load_si256((const __m256i *)hs);
+        }
+        TUNROLL
+        for (int r = 0; r < GV_ROWS; r++) {
+            const uint8_t *wb = rows[r] + sb * 210;
+            __m512i c[4];
+            for (int h = 0; h < 2; h++) {
+                __m512i ql = _mm512_loadu_si512(wb + 64 * h);
+                __m256i qh = _mm256_loadu_si256((const __m256i *)(wb + 128 + 32 * h));
+                __m512i h01 = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
+                __m512i h23 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_srli_epi16(qh, 4)), _mm256_srli_epi16(qh, 6), 1);
+                c[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, low4), _mm512_slli_epi16(_mm512_and_si512(h01, low2), 4));
+                c[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), low4),
+                                               _mm512_slli_epi16(_mm512_and_si512(h23, low2), 4));
+            }
+            __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(wb + 192)));
+            __m512i scz = _mm512_castsi256_si512(sc16), scv[4];
+            for (int k = 0; k < 4; k++) scv[k] = _mm512_maskz_permutexvar_epi16(0x55555555u, sidx[k], scz);
+            __m256i sc32 = _mm256_slli_epi16(sc16, 5);
+            dh[r] = (uint16_t)(wb[208] | wb[209] << 8);
+            TUNROLL
+            for (int t = 0; t < T; t++) {
+                __m512i p = _mm512_madd_epi16(dp(c[0], av[t][0]), scv[0]);
+                p = add4(p, _mm512_madd_epi16(dp(c[1], av[t][1]), scv[1]));
+                p = add4(p, _mm512_madd_epi16(dp(c[2], av[t][2]), scv[2]));
+                p = add4(p, _mm512_madd_epi16(dp(c[3], av[t][3]), scv[3]));
+                /* the offset 32: minus 32 * sum_i sc_i * (sum of the sub-block's activations) */
+                part[t][r] = _mm512_sub_epi32(p, _mm512_zextsi256_si512(_mm256_madd_epi16(sc32, as16[t])));
+            }
+        }
+        __m512 d = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)dh));
+        TUNROLL
+        for (int t = 0; t < T; t++) {
+            __m512 da = _mm512_set1_ps(a[t * a_stride + 8 * sb].d);
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(reduce_rows(part[t])), _mm512_mul_ps(d, da), acc[t]);
+        }
+    }
+    TUNROLL
+    for (int t = 0; t < T; t++) store_rows(y + t * y_stride, nr, acc[t]);
+}
+
+static void gemv_q6_k(const uint8_t *w, size_t row_bytes, int nr, const lm_q8a_block *a, int64_t a_stride,
+                      int64_t n_tok, int64_t n, float *y, int64_t y_stride) {
+#define CALL(T) gemv_q6k_T(w, row_bytes, nr, at, a_stride, T, n, yt, y_stride)
+    GEMV_TOKENS(CALL)
+#undef CALL
+}
+
+lm_q8a_kernels lm_q8a_kernels_avx512(lm_dtype type) {
+#define KSET(GEMV, PACK, TILE, BYTES) (lm_q8a_kernels){GEMV, GV_ROWS, PACK, TILE, BYTES}
+    switch (type) {
+    case LM_DTYPE_Q4_0: return KSET(gemv_q4_0, pack_q4_0, tile_q4_0, panel_bytes_legacy);
+    case LM_DTYPE_Q4_1: return KSET(gemv_q4_1, pack_q4_1, tile_q4_1, panel_bytes_legacy);
+    case LM_DTYPE_Q5_0: return KSET(gemv_q5_0, pack_q5_0, tile_q5_0, panel_bytes_legacy);
+    case LM_DTYPE_Q5_1: return KSET(gemv_q5_1, pack_q5_1, tile_q5_1, panel_bytes_legacy);
+    case LM_DTYPE_Q8_0: return KSET(gemv_q8_0, pack_q8_0, tile_q8_0, panel_bytes_legacy);
+    case LM_DTYPE_Q4_K: return KSET(gemv_q4_k, pack_q4_k, tile_k4k5, panel_bytes_k);
+    case LM_DTYPE_Q5_K: return KSET(gemv_q5_k, pack_q5_k, tile_k4k5, panel_bytes_k);
+    case LM_DTYPE_Q6_K: return KSET(gemv_q6_k, pack_q6_k, tile_q6_k, panel_bytes_k);
+    default: return (lm_q8a_kernels){0};
+    }
+#undef KSET
 }
 #if defined(__clang__)
 #pragma clang attribute pop
 #endif
 #else
-void lm_q8a_tile_kernels_avx512(lm_dtype type, lm_q8a_pack_fn *pack, lm_q8a_tile_fn *tile,
-                                lm_q8a_panel_bytes_fn *panel_bytes) {
+lm_q8a_kernels lm_q8a_kernels_avx512(lm_dtype type) {
     (void)type;
-    *pack = NULL, *tile = NULL, *panel_bytes = NULL;
+    return (lm_q8a_kernels){0};
 }
 #endif

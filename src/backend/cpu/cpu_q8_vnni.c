@@ -1,6 +1,6 @@
-/* The q8 matrix-vector kernels for AVX-512 VNNI on 256-bit vectors (vpdpbusd: the
- * byte dot product in one instruction), plus the tiled 512-bit kernels of
- * cpu_q8_tile.c. Same integer results as the AVX2 kernels. */
+/* The q8 kernels for AVX-512 VNNI: the 512-bit ones of cpu_q8_avx512.c where it has
+ * them, else the 8-row matrix-vector kernels on 256-bit vectors (vpdpbusd: the byte
+ * dot product in one instruction). Same results as the AVX2 kernels, bit for bit. */
 #include "backend/cpu/cpu_q8.h"
 
 #if defined(__x86_64__)
@@ -19,8 +19,8 @@ static inline __m256i dot_u8_i8(__m256i u, __m256i a) { return _mm256_dpbusd_epi
 #include "backend/cpu/cpu_q8_kernels.inc"
 
 lm_q8a_kernels lm_q8a_kernels_for_vnni(lm_dtype type) {
-    lm_q8a_kernels k = {K(lm_q8a_gemv_for)(type), NULL, NULL, NULL};
-    if (k.gemv) lm_q8a_tile_kernels_avx512(type, &k.pack, &k.tile, &k.panel_bytes);
+    lm_q8a_kernels k = lm_q8a_kernels_avx512(type);
+    if (!k.gemv) k.gemv = K(lm_q8a_gemv_for)(type), k.gemv_rows = 8;
     return k;
 }
 #if defined(__clang__)
