@@ -23,11 +23,11 @@
  * give each running request, oldest first, the blocks its tokens need, evicting
  * unshared prefix-cache blocks, and when none are left preempting the most recently
  * admitted request (its blocks go to the prefix cache, it goes back to the front of
- * the queue and later recomputes its prompt and the tokens it generated: greedy
- * output is unchanged); copy-on-write the shared block each sequence writes into
- * first; one forward pass; sample for every sequence that needed logits. A request
- * that finishes or is cancelled gives its blocks to the prefix cache (and back to
- * the pool) at once.
+ * the queue and later recomputes its prompt and the tokens it generated; its
+ * sampler keeps its state, so the output is unchanged); copy-on-write the shared
+ * block each sequence writes into first; one forward pass; sample for every
+ * sequence that needed logits. A request that finishes or is cancelled gives its
+ * blocks to the prefix cache (and back to the pool) at once.
  *
  * Lifetimes. The engine struct is reference counted: the owner, each live request
  * handle and each future hold one, so a handle used after lm_engine_close still
