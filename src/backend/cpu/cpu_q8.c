@@ -3,6 +3,7 @@
 #include "backend/cpu/cpu_features.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #if defined(__x86_64__)
@@ -105,11 +106,15 @@ Q8_TARGET static void quantize_per256_avx512(const float *x, lm_q8a_block *out, 
 }
 
 static bool has_avx512(void) {
-    static int cached = -1; /* threads racing here all store the same value */
-    if (cached < 0)
-        cached = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                 __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") && lm_cpu_has_avx2();
-    return cached;
+    /* the pool's threads may race here: they all store the same value, atomically */
+    static _Atomic int cached = -1;
+    int v = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (v < 0) {
+        v = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+            __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") && lm_cpu_has_avx2();
+        atomic_store_explicit(&cached, v, memory_order_relaxed);
+    }
+    return v;
 }
 #endif
 
