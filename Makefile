@@ -37,8 +37,9 @@ run: pull
 TEST_MODELS ?= smollm2-135m gemma3-270m
 
 # Unit + end-to-end tests, the golden tests on the real models, the sanitizer
-# build, a bounded run of every fuzzer, and the CUDA backend compiled.
-test: test-unit test-golden test-asan test-fuzz test-cuda-build
+# builds (ASan/UBSan; TSan on the threaded tests), a bounded run of every fuzzer, and
+# the CUDA backend compiled.
+test: test-unit test-golden test-asan test-tsan test-fuzz test-cuda-build
 
 pull-test-models: build
 	$(LUMEN) pull $(TEST_MODELS)
