@@ -415,7 +415,7 @@ static void tile_q6_k(const uint8_t *panel, int nr, const lm_q8a_block *a, int64
  * r holds row r's exact integer, and the float steps of cpu_q8.h run lane-wise. Lanes
  * of 4 products stay below 2^15 (4 * 63 * 127), so K-quant sub-block scales apply
  * with the 16-bit multiply-add. */
-enum { GV_ROWS = 16, GV_TOK = 3 };
+enum { GV_ROWS = 16, GV_TOK = 3, GV_CHUNK = 8 };
 
 static inline __m512i add4(__m512i a, __m512i b) { return _mm512_add_epi32(a, b); }
 
@@ -512,6 +512,9 @@ static inline __attribute__((always_inline)) void gemv_legacy_T(int fmt, size_t 
         for (int t = 0; t < T; t++) av[t] = act2(&a[t * a_stride + b], two ? &a[t * a_stride + b + 1] : NULL);
         TUNROLL
         for (int r = 0; r < GV_ROWS; r++) {
+            const char *pf = (const char *)(rows[r] + b * bytes + GV_ROWS * row_bytes); /* next group of rows */
+            _mm_prefetch(pf, _MM_HINT_T0);
+            _mm_prefetch(pf + 2 * bytes - 1, _MM_HINT_T0);
             __m512i c = legacy_codes2(fmt, bytes, rows[r] + b * bytes, two);
             TUNROLL
             for (int t = 0; t < T; t++) d[t][r] = dp(c, av[t]);
@@ -609,58 +612,72 @@ static inline __attribute__((always_inline)) void gemv_k4k5_T(int q5, const uint
     __m512 acc[GV_TOK];
     TUNROLL
     for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
-    for (int64_t sb = 0; sb < n / 256; sb++) {
-        __m512i av[GV_TOK][4], part[GV_TOK][GV_ROWS];
-        int32_t asum[GV_TOK][8];
-        _Alignas(64) int32_t mins[GV_TOK][GV_ROWS];
-        _Alignas(32) uint16_t dh[GV_ROWS], mh[GV_ROWS];
+    const int64_t nsb = n / 256;
+    /* super-blocks a chunk at a time; within a chunk each row is read in order */
+    for (int64_t sb0 = 0; sb0 < nsb; sb0 += GV_CHUNK) {
+        const int nc = (int)(nsb - sb0 < GV_CHUNK ? nsb - sb0 : GV_CHUNK);
+        _Alignas(64) __m512i av[GV_TOK][GV_CHUNK][4], part[GV_TOK][GV_CHUNK][GV_ROWS];
+        _Alignas(64) int32_t mins[GV_TOK][GV_CHUNK][GV_ROWS];
+        _Alignas(32) uint16_t dh[GV_CHUNK][GV_ROWS], mh[GV_CHUNK][GV_ROWS];
+        int32_t asum[GV_TOK][GV_CHUNK][8];
         TUNROLL
-        for (int t = 0; t < T; t++) {
-            const lm_q8a_block *as = &a[t * a_stride + 8 * sb];
-            av[t][0] = act2(&as[0], &as[2]);
-            av[t][1] = act2(&as[1], &as[3]);
-            av[t][2] = act2(&as[4], &as[6]);
-            av[t][3] = act2(&as[5], &as[7]);
-            for (int j = 0; j < 8; j++) asum[t][j] = act_sum(&as[j]);
-        }
-        TUNROLL
-        for (int r = 0; r < GV_ROWS; r++) {
-            const uint8_t *wb = rows[r] + sb * bytes, *qs = wb + qs_off;
-            __m512i q0 = _mm512_loadu_si512(qs), q1 = _mm512_loadu_si512(qs + 64);
-            __m512i c[4] = {_mm512_and_si512(q0, low4), _mm512_and_si512(_mm512_srli_epi16(q0, 4), low4),
-                            _mm512_and_si512(q1, low4), _mm512_and_si512(_mm512_srli_epi16(q1, 4), low4)};
-            if (q5) {
-                __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(wb + 16)));
-                for (int k = 0; k < 4; k++)
-                    c[k] = _mm512_mask_add_epi8(c[k], _mm512_test_epi8_mask(qh, hbit[k]), c[k], _mm512_set1_epi8(0x10));
+        for (int t = 0; t < T; t++)
+            for (int c = 0; c < nc; c++) {
+                const lm_q8a_block *as = &a[t * a_stride + 8 * (sb0 + c)];
+                av[t][c][0] = act2(&as[0], &as[2]);
+                av[t][c][1] = act2(&as[1], &as[3]);
+                av[t][c][2] = act2(&as[4], &as[6]);
+                av[t][c][3] = act2(&as[5], &as[7]);
+                for (int j = 0; j < 8; j++) asum[t][c][j] = act_sum(&as[j]);
             }
-            uint64_t sc8, m8;
-            scales_k4_bytes(wb + 4, &sc8, &m8);
-            __m512i scb = _mm512_set1_epi64((long long)sc8);
-            __m512i scv[4];
-            for (int k = 0; k < 4; k++) scv[k] = _mm512_shuffle_epi8(scb, ctl[k]);
-            dh[r] = (uint16_t)(wb[0] | wb[1] << 8);
-            mh[r] = (uint16_t)(wb[2] | wb[3] << 8);
+        for (int r = 0; r < GV_ROWS; r++) {
+            const uint8_t *wr = rows[r] + sb0 * bytes;
+            for (int c = 0; c < nc; c++) {
+                const uint8_t *wb = wr + c * bytes, *qs = wb + qs_off;
+                /* the same bytes of the next group of rows, for the next call */
+                const char *pf = (const char *)wb + GV_ROWS * row_bytes;
+                _mm_prefetch(pf, _MM_HINT_T0);
+                _mm_prefetch(pf + 64, _MM_HINT_T0);
+                _mm_prefetch(pf + 128, _MM_HINT_T0);
+                __m512i q0 = _mm512_loadu_si512(qs), q1 = _mm512_loadu_si512(qs + 64);
+                __m512i cd[4] = {_mm512_and_si512(q0, low4), _mm512_and_si512(_mm512_srli_epi16(q0, 4), low4),
+                                 _mm512_and_si512(q1, low4), _mm512_and_si512(_mm512_srli_epi16(q1, 4), low4)};
+                if (q5) {
+                    __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(wb + 16)));
+                    for (int k = 0; k < 4; k++)
+                        cd[k] = _mm512_mask_add_epi8(cd[k], _mm512_test_epi8_mask(qh, hbit[k]), cd[k],
+                                                     _mm512_set1_epi8(0x10));
+                }
+                uint64_t sc8, m8;
+                scales_k4_bytes(wb + 4, &sc8, &m8);
+                __m512i scb = _mm512_set1_epi64((long long)sc8);
+                __m512i scv[4];
+                for (int k = 0; k < 4; k++) scv[k] = _mm512_shuffle_epi8(scb, ctl[k]);
+                dh[c][r] = (uint16_t)(wb[0] | wb[1] << 8);
+                mh[c][r] = (uint16_t)(wb[2] | wb[3] << 8);
+                TUNROLL
+                for (int t = 0; t < T; t++) {
+                    __m512i p = _mm512_madd_epi16(dp(cd[0], av[t][c][0]), scv[0]);
+                    p = add4(p, _mm512_madd_epi16(dp(cd[1], av[t][c][1]), scv[1]));
+                    p = add4(p, _mm512_madd_epi16(dp(cd[2], av[t][c][2]), scv[2]));
+                    p = add4(p, _mm512_madd_epi16(dp(cd[3], av[t][c][3]), scv[3]));
+                    part[t][c][r] = p;
+                    int32_t mt = 0;
+                    for (int j = 0; j < 8; j++) mt += (int32_t)((m8 >> (8 * j)) & 0xff) * asum[t][c][j];
+                    mins[t][c][r] = mt;
+                }
+            }
+        }
+        for (int c = 0; c < nc; c++) {
+            __m512 d = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)dh[c]));
+            __m512 dmin = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)mh[c]));
             TUNROLL
             for (int t = 0; t < T; t++) {
-                __m512i p = _mm512_madd_epi16(dp(c[0], av[t][0]), scv[0]);
-                p = add4(p, _mm512_madd_epi16(dp(c[1], av[t][1]), scv[1]));
-                p = add4(p, _mm512_madd_epi16(dp(c[2], av[t][2]), scv[2]));
-                p = add4(p, _mm512_madd_epi16(dp(c[3], av[t][3]), scv[3]));
-                part[t][r] = p;
-                int32_t mt = 0;
-                for (int j = 0; j < 8; j++) mt += (int32_t)((m8 >> (8 * j)) & 0xff) * asum[t][j];
-                mins[t][r] = mt;
+                __m512 da = _mm512_set1_ps(a[t * a_stride + 8 * (sb0 + c)].d);
+                __m512i S = reduce_rows(part[t][c]), M = _mm512_load_si512(mins[t][c]);
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S), _mm512_mul_ps(d, da), acc[t]);
+                acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(M), _mm512_mul_ps(dmin, da), acc[t]);
             }
-        }
-        __m512 d = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)dh));
-        __m512 dmin = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)mh));
-        TUNROLL
-        for (int t = 0; t < T; t++) {
-            __m512 da = _mm512_set1_ps(a[t * a_stride + 8 * sb].d);
-            __m512i S = reduce_rows(part[t]), M = _mm512_load_si512(mins[t]);
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S), _mm512_mul_ps(d, da), acc[t]);
-            acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(M), _mm512_mul_ps(dmin, da), acc[t]);
         }
     }
     TUNROLL
@@ -711,6 +728,8 @@ static inline __attribute__((always_inline)) void gemv_q6k_T(const uint8_t *w, s
         TUNROLL
         for (int r = 0; r < GV_ROWS; r++) {
             const uint8_t *wb = rows[r] + sb * 210;
+            const char *pf = (const char *)wb + GV_ROWS * row_bytes; /* next group of rows */
+            for (int l = 0; l < 4; l++) _mm_prefetch(pf + 64 * l, _MM_HINT_T0);
             __m512i c[4];
             for (int h = 0; h < 2; h++) {
                 __m512i ql = _mm512_loadu_si512(wb + 64 * h);
