@@ -34,21 +34,23 @@ enum { GROUP = 16, RG = LM_Q8A_PANEL_ROWS / GROUP };
 /* Panel layout, per unit (one 32-element block, or one 256-element super-block):
  *   codes [unit / 4][RG][16 rows][4 bytes]
  *   legacy:   dw [RG][16] f32, mw [RG][16] f32
- *   K-quants: sc [16][RG][16] i32 (8 used by Q4_K/Q5_K), pairs [8][RG][16] (two i16 each),
- *             d [RG][16] f32, dmin [RG][16] f32 */
+ *   K-quants: sc [16][RG][16] bytes (8 used by Q4_K/Q5_K; signed for Q6_K), Q4_K/Q5_K mins
+ *             m [8][RG][16] bytes, d [RG][16] f32, dmin [RG][16] f32
+ *   (the tile kernel widens the byte scales once per tile of tokens) */
 enum {
     L_DW = 32 * LM_Q8A_PANEL_ROWS,
     L_MW = L_DW + RG * 64,
     L_UNIT = L_MW + RG * 64,
     K_SC = 256 * LM_Q8A_PANEL_ROWS,
-    K_PAIR = K_SC + 16 * RG * 64,
-    K_D = K_PAIR + 8 * RG * 64,
+    K_M = K_SC + 16 * RG * 16,
+    K_D = K_M + 8 * RG * 16,
     K_DMIN = K_D + RG * 64,
     K_UNIT = K_DMIN + RG * 64,
 };
 
-static size_t panel_bytes_legacy(int64_t n) { return (size_t)(n / 32) * L_UNIT; }
-static size_t panel_bytes_k(int64_t n) { return (size_t)(n / 256) * K_UNIT; }
+/* the panel, then scratch for the rows' codes in natural order ([32][n] bytes) */
+static size_t panel_bytes_legacy(int64_t n) { return (size_t)(n / 32) * L_UNIT + (size_t)(LM_Q8A_PANEL_ROWS * n); }
+static size_t panel_bytes_k(int64_t n) { return (size_t)(n / 256) * K_UNIT + (size_t)(LM_Q8A_PANEL_ROWS * n); }
 
 static inline float rd_f16(const uint8_t *p) {
     uint16_t h;
@@ -68,29 +70,87 @@ static inline __m256i bits_to_0x10(uint32_t bits) {
     return _mm256_maskz_mov_epi8((__mmask32)bits, _mm256_set1_epi8(0x10));
 }
 
-/* Interleaves the natural-order codes of 32 rows (tmp [32][unit], unit bytes each)
- * into the panel's [unit / 4][RG][16][4] order. */
-static void interleave(const uint8_t *tmp, int unit, uint8_t *codes) {
-    const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                           _mm512_set1_epi32(unit));
-    for (int g = 0; g < unit / 4; g++)
-        for (int rg = 0; rg < RG; rg++)
-            _mm512_store_si512((__m512i *)(codes + (g * RG + rg) * 64),
-                               _mm512_i32gather_epi32(idx, tmp + rg * GROUP * unit + 4 * g, 1));
+/* o[j] = dword j of every r[i] (lane i): a 16 x 16 transpose of 32-bit elements
+ * (pairs by unpacks, then 128-bit lanes by shuffles) */
+static inline void transpose16(const __m512i r[16], __m512i o[16]) {
+    __m512i t[16], u[16];
+    for (int k = 0; k < 8; k++) {
+        t[2 * k] = _mm512_unpacklo_epi32(r[2 * k], r[2 * k + 1]);
+        t[2 * k + 1] = _mm512_unpackhi_epi32(r[2 * k], r[2 * k + 1]);
+    }
+    /* u[4m + c], 128-bit lane L: rows 4m..4m+3 of dword 4L + c */
+    for (int m = 0; m < 4; m++) {
+        u[4 * m + 0] = _mm512_unpacklo_epi64(t[4 * m], t[4 * m + 2]);
+        u[4 * m + 1] = _mm512_unpackhi_epi64(t[4 * m], t[4 * m + 2]);
+        u[4 * m + 2] = _mm512_unpacklo_epi64(t[4 * m + 1], t[4 * m + 3]);
+        u[4 * m + 3] = _mm512_unpackhi_epi64(t[4 * m + 1], t[4 * m + 3]);
+    }
+    for (int c = 0; c < 4; c++) {
+        __m512i x0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44), x1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xee);
+        __m512i y0 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44), y1 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xee);
+        o[c] = _mm512_shuffle_i32x4(x0, y0, 0x88);
+        o[4 + c] = _mm512_shuffle_i32x4(x0, y0, 0xdd);
+        o[8 + c] = _mm512_shuffle_i32x4(x1, y1, 0x88);
+        o[12 + c] = _mm512_shuffle_i32x4(x1, y1, 0xdd);
+    }
+}
+
+/* Interleaves `bytes` bytes of natural-order codes of 32 rows (tmp: row r at r * stride,
+ * bytes a multiple of 32) into the panel's [g][RG][16][4] order: group g (4 codes) at
+ * dst(g) = out + (g / per_unit) * unit_bytes + (g % per_unit) * RG * 64. */
+static void interleave(const uint8_t *tmp, int64_t stride, int64_t bytes, int per_unit, size_t unit_bytes,
+                       uint8_t *out) {
+    for (int rg = 0; rg < RG; rg++) {
+        const uint8_t *src = tmp + (size_t)(rg * GROUP) * (size_t)stride;
+        for (int64_t off = 0; off < bytes; off += 64) {
+            const int half = bytes - off < 64; /* 32 bytes left: 8 groups */
+            __m512i r[16], o[16];
+            for (int i = 0; i < 16; i++)
+                r[i] = half ? _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(src + i * stride + off)))
+                            : _mm512_loadu_si512(src + i * stride + off);
+            transpose16(r, o);
+            for (int j = 0; j < (half ? 8 : 16); j++) {
+                int64_t g = off / 4 + j;
+                _mm512_store_si512((__m512i *)(out + (size_t)(g / per_unit) * unit_bytes + (size_t)((g % per_unit) * RG + rg) * 64),
+                                   o[j]);
+            }
+        }
+    }
+}
+
+/* Q4_K/Q5_K: the 8 six-bit sub-block scales and mins from their 12 bytes, 8 bytes each */
+static inline void scales_k4_bytes(const uint8_t *s, uint64_t *sc, uint64_t *m) {
+    uint32_t u0, u1, u2;
+    memcpy(&u0, s, 4);
+    memcpy(&u1, s + 4, 4);
+    memcpy(&u2, s + 8, 4);
+    uint32_t sc_lo = u0 & 0x3f3f3f3fu, m_lo = u1 & 0x3f3f3f3fu;
+    uint32_t sc_hi = (u2 & 0x0f0f0f0fu) | ((u0 >> 2) & 0x30303030u);
+    uint32_t m_hi = ((u2 >> 4) & 0x0f0f0f0fu) | ((u1 >> 2) & 0x30303030u);
+    *sc = sc_lo | (uint64_t)sc_hi << 32;
+    *m = m_lo | (uint64_t)m_hi << 32;
 }
 
 /* ---- packing ---- */
+
+/* software prefetch distance while packing: the panel is read once, cold, in one
+ * sequential stream that the hardware prefetcher picks up too late after the long
+ * tile phase of the previous panel */
+enum { PACK_AHEAD = 2048 };
 
 enum { FMT_Q4_0, FMT_Q4_1, FMT_Q5_0, FMT_Q5_1, FMT_Q8_0 };
 
 static inline __attribute__((always_inline)) void pack_legacy(int fmt, size_t bytes, const uint8_t *w,
                                                               size_t row_bytes, int nr, int64_t n, uint8_t *panel) {
-    _Alignas(64) uint8_t tmp[LM_Q8A_PANEL_ROWS * 32];
-    for (int64_t b = 0; b < n / 32; b++) {
-        uint8_t *p = panel + b * L_UNIT;
-        float *dw = (float *)(p + L_DW), *mw = (float *)(p + L_MW);
-        for (int r = 0; r < LM_Q8A_PANEL_ROWS; r++) {
+    /* each row read front to back (the panel's rows are one sequential stream), its
+     * codes into tmp in natural order, then interleaved unit by unit */
+    uint8_t *tmp = panel + panel_bytes_legacy(n) - (size_t)(LM_Q8A_PANEL_ROWS * n);
+    for (int r = 0; r < LM_Q8A_PANEL_ROWS; r++) {
+        for (int64_t b = 0; b < n / 32; b++) {
+            uint8_t *p = panel + b * L_UNIT;
+            float *dw = (float *)(p + L_DW), *mw = (float *)(p + L_MW);
             const uint8_t *wb = w + (size_t)(r < nr ? r : nr - 1) * row_bytes + b * bytes;
+            if (b % 2 == 0) _mm_prefetch((const char *)wb + PACK_AHEAD, _MM_HINT_T0);
             __m256i u;
             uint32_t qh;
             switch (fmt) {
@@ -108,12 +168,12 @@ static inline __attribute__((always_inline)) void pack_legacy(int fmt, size_t by
                 u = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(wb + 2)), _mm256_set1_epi8((char)0x80));
                 break;
             }
-            _mm256_store_si256((__m256i *)(tmp + r * 32), u);
+            _mm256_storeu_si256((__m256i *)(tmp + r * n + b * 32), u);
             dw[r] = rd_f16(wb);
             mw[r] = fmt == FMT_Q4_1 || fmt == FMT_Q5_1 ? rd_f16(wb + 2) : 0.0f;
         }
-        interleave(tmp, 32, p);
     }
+    interleave(tmp, n, n, 8, L_UNIT, panel);
 }
 
 #define PACK_LEGACY(NAME, FMT, BYTES)                                                                  \
@@ -126,27 +186,17 @@ PACK_LEGACY(pack_q5_0, FMT_Q5_0, 22)
 PACK_LEGACY(pack_q5_1, FMT_Q5_1, 24)
 PACK_LEGACY(pack_q8_0, FMT_Q8_0, 34)
 
-static inline void scale_min_k4(const uint8_t *s, int j, int *sc, int *m) {
-    if (j < 4) {
-        *sc = s[j] & 63;
-        *m = s[j + 4] & 63;
-    } else {
-        *sc = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
-        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-    }
-}
-
 /* Q4_K (qh_off 0) and Q5_K */
 static inline __attribute__((always_inline)) void pack_k4k5(int qh_off, int qs_off, size_t bytes, const uint8_t *w,
                                                             size_t row_bytes, int nr, int64_t n, uint8_t *panel) {
-    _Alignas(64) uint8_t tmp[LM_Q8A_PANEL_ROWS * 256];
+    uint8_t *tmp = panel + panel_bytes_k(n) - (size_t)(LM_Q8A_PANEL_ROWS * n);
     const __m256i low4 = _mm256_set1_epi8(0x0f);
-    for (int64_t sb = 0; sb < n / 256; sb++) {
-        uint8_t *p = panel + sb * K_UNIT;
-        int32_t *sc = (int32_t *)(p + K_SC), *pair = (int32_t *)(p + K_PAIR);
-        float *d = (float *)(p + K_D), *dmin = (float *)(p + K_DMIN);
-        for (int r = 0; r < LM_Q8A_PANEL_ROWS; r++) {
+    for (int r = 0; r < LM_Q8A_PANEL_ROWS; r++) {
+        for (int64_t sb = 0; sb < n / 256; sb++) {
+            uint8_t *p = panel + sb * K_UNIT, *sc = p + K_SC, *mn = p + K_M;
+            float *d = (float *)(p + K_D), *dmin = (float *)(p + K_DMIN);
             const uint8_t *wb = w + (size_t)(r < nr ? r : nr - 1) * row_bytes + sb * bytes, *qs = wb + qs_off;
+            for (size_t l = 0; l < bytes; l += 64) _mm_prefetch((const char *)wb + PACK_AHEAD + l, _MM_HINT_T0);
             __m256i qhv = qh_off ? _mm256_loadu_si256((const __m256i *)(wb + qh_off)) : _mm256_setzero_si256();
             for (int c = 0; c < 4; c++) {
                 __m256i b32 = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
@@ -156,21 +206,21 @@ static inline __attribute__((always_inline)) void pack_k4k5(int qh_off, int qs_o
                     lo = _mm256_or_si256(lo, _mm256_maskz_mov_epi8(_mm256_test_epi8_mask(qhv, b0), _mm256_set1_epi8(0x10)));
                     hi = _mm256_or_si256(hi, _mm256_maskz_mov_epi8(_mm256_test_epi8_mask(qhv, b1), _mm256_set1_epi8(0x10)));
                 }
-                _mm256_store_si256((__m256i *)(tmp + r * 256 + 64 * c), lo);
-                _mm256_store_si256((__m256i *)(tmp + r * 256 + 64 * c + 32), hi);
+                _mm256_storeu_si256((__m256i *)(tmp + r * n + sb * 256 + 64 * c), lo);
+                _mm256_storeu_si256((__m256i *)(tmp + r * n + sb * 256 + 64 * c + 32), hi);
             }
             int row = r % GROUP, rg = r / GROUP;
+            uint64_t sc8, m8;
+            scales_k4_bytes(wb + 4, &sc8, &m8);
             for (int j = 0; j < 8; j++) {
-                int s, m;
-                scale_min_k4(wb + 4, j, &s, &m);
-                sc[(j * RG + rg) * GROUP + row] = s;
-                pair[(j * RG + rg) * GROUP + row] = m | m << 16;
+                sc[(j * RG + rg) * GROUP + row] = (uint8_t)(sc8 >> (8 * j));
+                mn[(j * RG + rg) * GROUP + row] = (uint8_t)(m8 >> (8 * j));
             }
             d[rg * GROUP + row] = rd_f16(wb);
             dmin[rg * GROUP + row] = rd_f16(wb + 2);
         }
-        interleave(tmp, 256, p);
     }
+    interleave(tmp, n, n, 64, K_UNIT, panel);
 }
 
 static void pack_q4_k(const uint8_t *w, size_t row_bytes, int nr, int64_t n, uint8_t *panel) {
@@ -181,14 +231,14 @@ static void pack_q5_k(const uint8_t *w, size_t row_bytes, int nr, int64_t n, uin
 }
 
 static void pack_q6_k(const uint8_t *w, size_t row_bytes, int nr, int64_t n, uint8_t *panel) {
-    _Alignas(64) uint8_t tmp[LM_Q8A_PANEL_ROWS * 256];
+    uint8_t *tmp = panel + panel_bytes_k(n) - (size_t)(LM_Q8A_PANEL_ROWS * n);
     const __m256i low4 = _mm256_set1_epi8(0x0f), low2 = _mm256_set1_epi8(0x03);
-    for (int64_t sb = 0; sb < n / 256; sb++) {
-        uint8_t *p = panel + sb * K_UNIT;
-        int32_t *sc = (int32_t *)(p + K_SC), *pair = (int32_t *)(p + K_PAIR);
-        float *d = (float *)(p + K_D);
-        for (int r = 0; r < LM_Q8A_PANEL_ROWS; r++) {
+    for (int r = 0; r < LM_Q8A_PANEL_ROWS; r++) {
+        for (int64_t sb = 0; sb < n / 256; sb++) {
+            uint8_t *p = panel + sb * K_UNIT, *sc = p + K_SC;
+            float *d = (float *)(p + K_D);
             const uint8_t *wb = w + (size_t)(r < nr ? r : nr - 1) * row_bytes + sb * 210, *ql = wb, *qh = wb + 128;
+            for (int l = 0; l < 210; l += 64) _mm_prefetch((const char *)wb + PACK_AHEAD + l, _MM_HINT_T0);
             const int8_t *scales = (const int8_t *)(wb + 192);
             for (int h = 0; h < 2; h++) {
                 __m256i l0 = _mm256_loadu_si256((const __m256i *)(ql + 64 * h));
@@ -198,19 +248,16 @@ static void pack_q6_k(const uint8_t *w, size_t row_bytes, int nr, int64_t n, uin
                     __m256i src = (c & 1) ? l1 : l0;
                     __m256i lo = _mm256_and_si256(c < 2 ? src : _mm256_srli_epi16(src, 4), low4);
                     __m256i hi = _mm256_and_si256(_mm256_srli_epi16(hv, 2 * c), low2);
-                    _mm256_store_si256((__m256i *)(tmp + r * 256 + 128 * h + 32 * c),
-                                       _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)));
+                    _mm256_storeu_si256((__m256i *)(tmp + r * n + sb * 256 + 128 * h + 32 * c),
+                                        _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)));
                 }
             }
             int row = r % GROUP, rg = r / GROUP;
-            for (int i = 0; i < 16; i++) sc[(i * RG + rg) * GROUP + row] = scales[i];
-            for (int j = 0; j < 8; j++)
-                pair[(j * RG + rg) * GROUP + row] =
-                    (int32_t)((uint32_t)(uint16_t)(-32 * scales[2 * j]) | (uint32_t)(uint16_t)(-32 * scales[2 * j + 1]) << 16);
+            for (int i = 0; i < 16; i++) sc[(i * RG + rg) * GROUP + row] = (uint8_t)scales[i];
             d[rg * GROUP + row] = rd_f16(wb + 208);
         }
-        interleave(tmp, 256, p);
     }
+    interleave(tmp, n, n, 64, K_UNIT, panel);
 }
 
 /* ---- tiles ---- */
@@ -307,6 +354,25 @@ TILE_LEGACY(tile_q5_0, 16, 0)
 TILE_LEGACY(tile_q5_1, 0, 1)
 TILE_LEGACY(tile_q8_0, 128, 0)
 
+/* 16 byte scales as int32 lanes (signed for Q6_K) */
+static inline __m512i widen_scale(const uint8_t *p, int q6) {
+    __m128i b = _mm_loadu_si128((const __m128i *)p);
+    return q6 ? _mm512_cvtepi8_epi32(b) : _mm512_cvtepu8_epi32(b);
+}
+
+/* Q4_K/Q5_K: (m, m) as two i16 per lane, for vpdpwssd with an activation block's half sums */
+static inline __m512i min_pair(const uint8_t *p) {
+    __m512i m = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm512_or_si512(m, _mm512_slli_epi32(m, 16));
+}
+
+/* Q6_K: (-32 sc_2j, -32 sc_2j+1) as two i16 per lane (|32 sc| <= 4096) */
+static inline __m512i offset_pair(const uint8_t *s0, const uint8_t *s1) {
+    __m512i a = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(widen_scale(s0, 1), 5));
+    __m512i b = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(widen_scale(s1, 1), 5));
+    return _mm512_or_si512(_mm512_and_si512(a, _mm512_set1_epi32(0xffff)), _mm512_slli_epi32(b, 16));
+}
+
 /* Q4_K/Q5_K (q6 = 0) and Q6_K (q6 = 1) */
 static inline __attribute__((always_inline)) void tile_k_T(const uint8_t *panel, int nr, const lm_q8a_block *a,
                                                            int64_t a_stride, int T, int64_t n, int q6, float *y,
@@ -338,8 +404,7 @@ static inline __attribute__((always_inline)) void tile_k_T(const uint8_t *panel,
                     s[1][t] = _mm512_dpbusd_epi32(s[1][t], w1, av);
                 }
             }
-            __m512i sc0 = _mm512_load_si512((const __m512i *)(p + K_SC + j * 128));
-            __m512i sc1 = _mm512_load_si512((const __m512i *)(p + K_SC + j * 128 + 64));
+            __m512i sc0 = widen_scale(p + K_SC + (j * RG) * 16, q6), sc1 = widen_scale(p + K_SC + (j * RG + 1) * 16, q6);
             TUNROLL
             for (int t = 0; t < T; t++) {
                 S[0][t] = _mm512_add_epi32(S[0][t], _mm512_mullo_epi32(s[0][t], sc0));
@@ -351,8 +416,10 @@ static inline __attribute__((always_inline)) void tile_k_T(const uint8_t *panel,
         for (int t = 0; t < T; t++) s[0][t] = s[1][t] = _mm512_setzero_si512();
         TUNROLL
         for (int j = 0; j < 8; j++) {
-            __m512i p0 = _mm512_load_si512((const __m512i *)(p + K_PAIR + j * 128));
-            __m512i p1 = _mm512_load_si512((const __m512i *)(p + K_PAIR + j * 128 + 64));
+            __m512i p0 = q6 ? offset_pair(p + K_SC + (2 * j * RG) * 16, p + K_SC + ((2 * j + 1) * RG) * 16)
+                            : min_pair(p + K_M + (j * RG) * 16);
+            __m512i p1 = q6 ? offset_pair(p + K_SC + (2 * j * RG + 1) * 16, p + K_SC + ((2 * j + 1) * RG + 1) * 16)
+                            : min_pair(p + K_M + (j * RG + 1) * 16);
             TUNROLL
             for (int t = 0; t < T; t++) {
                 __m512i hs = bcast32(as[t * a_stride + j].sum16);
@@ -572,19 +639,6 @@ GEMV_LEGACY(gemv_q4_1, FMT_Q4_1, 20, 0, 1)
 GEMV_LEGACY(gemv_q5_0, FMT_Q5_0, 22, 16, 0)
 GEMV_LEGACY(gemv_q5_1, FMT_Q5_1, 24, 0, 1)
 GEMV_LEGACY(gemv_q8_0, FMT_Q8_0, 34, 128, 0)
-
-/* Q4_K/Q5_K: the 8 six-bit sub-block scales and mins from their 12 bytes, 8 bytes each */
-static inline void scales_k4_bytes(const uint8_t *s, uint64_t *sc, uint64_t *m) {
-    uint32_t u0, u1, u2;
-    memcpy(&u0, s, 4);
-    memcpy(&u1, s + 4, 4);
-    memcpy(&u2, s + 8, 4);
-    uint32_t sc_lo = u0 & 0x3f3f3f3fu, m_lo = u1 & 0x3f3f3f3fu;
-    uint32_t sc_hi = (u2 & 0x0f0f0f0fu) | ((u0 >> 2) & 0x30303030u);
-    uint32_t m_hi = ((u2 >> 4) & 0x0f0f0f0fu) | ((u1 >> 2) & 0x30303030u);
-    *sc = sc_lo | (uint64_t)sc_hi << 32;
-    *m = m_lo | (uint64_t)m_hi << 32;
-}
 
 /* pshufb controls: dword lanes 0..7 take scale byte j0, lanes 8..15 byte j1 (zero-extended) */
 #define SC_CTL(j0, j1)                                                                                          \
