@@ -20,6 +20,7 @@
  * Lanes outside their query's range are masked (never added), so a query computes the
  * same operations whatever else shares its vector. */
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "backend/cpu/cpu_internal.h"
@@ -73,6 +74,7 @@ typedef struct job {
     uint8_t *scratch;
     size_t per_thread;
     int64_t max_groups, max_blocks;
+    _Atomic int64_t next; /* the next item to take */
 } job;
 
 /* per-thread scratch: kv [16][hd] f32 (the block's keys, then its values),
@@ -239,10 +241,13 @@ static void run_item(const job *j, const item *it, uint8_t *mem) {
     }
 }
 
+/* items from a shared counter: a thread that loses its core leaves its share to the others */
 static void worker(void *ctx, int ith, int nth) {
-    const job *j = ctx;
+    job *j = ctx;
+    (void)nth;
     uint8_t *mem = j->scratch + (size_t)ith * j->per_thread;
-    for (int64_t i = ith; i < j->n_items; i += nth) run_item(j, &j->items[i], mem);
+    for (int64_t i; (i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed)) < j->n_items;)
+        run_item(j, &j->items[i], mem);
 }
 
 /* Tokens per item: about 48 queries (three vectors) reuse each converted block, few
@@ -291,7 +296,7 @@ lm_status lm_cpu_attention_avx512(lm_backend *b, const lm_kv_cache *kv, int64_t 
         t = e;
     }
     job j = {kv, layer, batch, q, n_head, n_head_kv, head_dim, window, scale, out, items, n_items,
-             mem + items_bytes, per, (qt * G + 15) / 16, max_blocks};
+             mem + items_bytes, per, (qt * G + 15) / 16, max_blocks, 0};
     if (nth == 1 || n_items == 1)
         worker(&j, 0, 1);
     else

@@ -1,6 +1,8 @@
 /* Matrix products and row gathers over weights in any format: each weight byte is
  * decoded once per call, however many tokens the batch holds. */
 
+#include <stdatomic.h>
+
 #include "backend/cpu/cpu_internal.h"
 #include "backend/cpu/cpu_q8.h"
 #include "core/error.h"
@@ -54,6 +56,7 @@ typedef struct q8_job {
     bool tiled;
     uint8_t *panels;       /* [n_threads][panel_stride] when tiled */
     size_t panel_stride;
+    _Atomic int64_t next;  /* the next unit to take */
 } q8_job;
 
 static int64_t units_of(const lm_weight *w) { return (w->t.ne[1] + LM_Q8A_PANEL_ROWS - 1) / LM_Q8A_PANEL_ROWS; }
@@ -75,17 +78,20 @@ static void q8_unit(const q8_job *job, const lm_weight *w, float *y, int64_t u, 
                    y + r0 + r, rows);
 }
 
+/* Units are handed out one at a time from a shared counter rather than split in fixed
+ * shares: on a machine where a thread loses its core for a while, the others take over
+ * its units instead of waiting for them. A unit's result is the same whichever thread
+ * computes it. */
 static void q8_worker(void *ctx, int ith, int nth) {
-    const q8_job *job = ctx;
-    int64_t total = 0, begin, end;
-    for (int i = 0; i < job->n_w; i++) total += units_of(job->w[i]);
-    lm_split_range(total, ith, nth, &begin, &end);
+    q8_job *job = ctx;
+    (void)nth;
     uint8_t *panel = job->tiled ? job->panels + (size_t)ith * job->panel_stride : NULL;
-    int64_t first = 0; /* global index of weight i's unit 0 */
-    for (int i = 0; i < job->n_w && first < end; first += units_of(job->w[i]), i++) {
-        int64_t nu = units_of(job->w[i]);
-        int64_t u0 = begin > first ? begin - first : 0, u1 = end - first < nu ? end - first : nu;
-        for (int64_t u = u0; u < u1; u++) q8_unit(job, job->w[i], job->y[i], u, panel);
+    for (;;) {
+        int64_t u = atomic_fetch_add_explicit(&job->next, 1, memory_order_relaxed);
+        int i = 0;
+        while (i < job->n_w && u >= units_of(job->w[i])) u -= units_of(job->w[i]), i++;
+        if (i == job->n_w) return;
+        q8_unit(job, job->w[i], job->y[i], u, panel);
     }
 }
 
