@@ -390,10 +390,10 @@ void lm_stats_update_rates(lm_stats *stats);
  * do not depend on what else runs: the forward pass is batch-invariant, so a greedy
  * request gives the same tokens alone or among 32 others, cached or not, preempted
  * or not. On a GPU, batches of more than a few tokens take faster paths that round
- * differently (bf16 activations; about 1e-3 relative), so a greedy continuation can
- * change where two tokens nearly tie; LUMEN_CUDA_MV_MAX_N=1000000000 in the
- * environment keeps every product exact and the outputs identical, at a prefill
- * cost.
+ * differently (bf16 activations; about 1e-3 relative), so greedy continuations can
+ * change (3 of 32 prompts within 16 tokens, measured); LUMEN_CUDA_MV_MAX_N=1000000000
+ * in the environment keeps every product exact and the outputs identical, at a
+ * prefill cost.
  *
  * Every function may be called from any thread, except lm_engine_close (once, by
  * the owner, when no other thread uses the handle any more). */
