@@ -78,20 +78,28 @@ static void q8_unit(const q8_job *job, const lm_weight *w, float *y, int64_t u, 
                    y + r0 + r, rows);
 }
 
-/* Units are handed out one at a time from a shared counter rather than split in fixed
- * shares: on a machine where a thread loses its core for a while, the others take over
- * its units instead of waiting for them. A unit's result is the same whichever thread
- * computes it. */
+/* Units are handed out from a shared counter rather than split in fixed shares: on a
+ * machine where a thread loses its core for a while, the others take over its units
+ * instead of waiting for them. Matrix-vector work goes in runs of consecutive units
+ * (about 8 runs per thread), so each thread still streams contiguous rows. A unit's
+ * result is the same whichever thread computes it. */
 static void q8_worker(void *ctx, int ith, int nth) {
     q8_job *job = ctx;
-    (void)nth;
     uint8_t *panel = job->tiled ? job->panels + (size_t)ith * job->panel_stride : NULL;
+    int64_t total = 0;
+    for (int i = 0; i < job->n_w; i++) total += units_of(job->w[i]);
+    int64_t run = job->tiled ? 1 : total / (8 * (int64_t)nth);
+    if (run < 1) run = 1;
     for (;;) {
-        int64_t u = atomic_fetch_add_explicit(&job->next, 1, memory_order_relaxed);
-        int i = 0;
-        while (i < job->n_w && u >= units_of(job->w[i])) u -= units_of(job->w[i]), i++;
-        if (i == job->n_w) return;
-        q8_unit(job, job->w[i], job->y[i], u, panel);
+        int64_t u0 = atomic_fetch_add_explicit(&job->next, run, memory_order_relaxed);
+        if (u0 >= total) return;
+        int64_t u1 = u0 + run < total ? u0 + run : total;
+        for (int64_t g = u0; g < u1; g++) {
+            int64_t u = g;
+            int i = 0;
+            while (u >= units_of(job->w[i])) u -= units_of(job->w[i]), i++;
+            q8_unit(job, job->w[i], job->y[i], u, panel);
+        }
     }
 }
 
