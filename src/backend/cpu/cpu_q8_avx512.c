@@ -98,8 +98,8 @@ static inline void transpose16(const __m512i r[16], __m512i o[16]) {
 /* Interleaves `bytes` bytes of natural-order codes of 32 rows (tmp: row r at r * stride,
  * bytes a multiple of 32) into the panel's [g][RG][16][4] order: group g (4 codes) at
  * dst(g) = out + (g / per_unit) * unit_bytes + (g % per_unit) * RG * 64. */
-static void interleave(const uint8_t *tmp, int64_t stride, int64_t bytes, int per_unit, size_t unit_bytes,
-                       uint8_t *out) {
+static inline __attribute__((always_inline)) void interleave(const uint8_t *tmp, int64_t stride, int64_t bytes,
+                                                             int per_unit, size_t unit_bytes, uint8_t *out) {
     for (int rg = 0; rg < RG; rg++) {
         const uint8_t *src = tmp + (size_t)(rg * GROUP) * (size_t)stride;
         for (int64_t off = 0; off < bytes; off += 64) {
