@@ -15,9 +15,12 @@ static inline bool lm_cpu_has_avx2(void) {
     return f16c && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 
-/* AVX-512 VNNI on 256-bit vectors (vpdpbusd with VL), on top of the above. */
+/* AVX-512 VNNI (vpdpbusd, on 512-bit vectors and with VL on 256-bit ones) with the BW
+ * and DQ subsets the 512-bit kernels also use, on top of the above. */
 static inline bool lm_cpu_has_avx512_vnni(void) {
-    return lm_cpu_has_avx2() && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+    return lm_cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512vnni");
 }
 #else
 static inline bool lm_cpu_has_avx2(void) { return false; }
