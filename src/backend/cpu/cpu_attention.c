@@ -9,6 +9,7 @@
  * the values (as llama.cpp computes it, so outputs can be compared with it). With an
  * F32 cache everything stays f32. */
 #include <math.h>
+#include <stdatomic.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -84,9 +85,11 @@ __attribute__((target("avx2,f16c"))) static void to_f16_f16c(const float *x, uin
 /* f32 -> f16, rounding to nearest even (F16C gives the same bits as lm_f32_to_f16) */
 static void to_f16(const float *x, uint16_t *h, int64_t n) {
 #if defined(__x86_64__)
-    static int f16c = -1; /* CPUID is slow under a hypervisor: ask once */
-    if (f16c < 0) f16c = lm_cpu_has_avx2();
-    if (f16c) {
+    /* CPUID is slow under a hypervisor: ask once (racing threads store the same value) */
+    static _Atomic int f16c = -1;
+    int v = atomic_load_explicit(&f16c, memory_order_relaxed);
+    if (v < 0) atomic_store_explicit(&f16c, v = lm_cpu_has_avx2(), memory_order_relaxed);
+    if (v) {
         to_f16_f16c(x, h, n);
         return;
     }

@@ -15,13 +15,11 @@
 
 #if defined(__x86_64__)
 #define EW_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
+/* __builtin_cpu_supports reads flags set once at startup: cheap, nothing to cache */
 static bool use_avx512(void) {
-    static int cached = -1; /* threads racing here all store the same value */
-    if (cached < 0)
-        cached = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                 __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
-                 __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    return cached;
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx2") &&
+           __builtin_cpu_supports("fma");
 }
 
 /* e^x: x = n ln2 + r, |r| <= ln2 / 2, a degree-6 polynomial for e^r (the classic
