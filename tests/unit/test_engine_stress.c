@@ -92,7 +92,10 @@ static void *client(void *arg) {
                 CHECK(L[j].got == MAXT);
                 CHECK(memcmp(L[j].toks, g_ref[L[j].which], sizeof(int32_t) * MAXT) == 0);
             }
-            if (L[j].mode == 2) CHECK(L[j].finish == LM_FINISH_CANCELLED);
+            /* the worker runs ahead of the reader: it may have produced the request's
+             * last token (the pool's limit) before the cancel lands, and a cancel
+             * after the end changes nothing */
+            if (L[j].mode == 2) CHECK(L[j].finish == LM_FINISH_CANCELLED || L[j].finish == LM_FINISH_LENGTH);
         }
         lm_engine_stats st;
         CHECK(lm_engine_get_stats(g_engine, &st) == LM_OK);
