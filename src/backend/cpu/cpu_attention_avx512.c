@@ -35,27 +35,11 @@
 #endif
 #include <immintrin.h>
 
+#include "backend/cpu/cpu_exp512.h"
+
 enum { KB = 16 };
 
 #define AUNROLL _Pragma("GCC unroll 8") /* positions per cache block: the cache's block size */
-
-/* e^x for x <= 0 (and -inf): x = n ln2 + r, |r| <= ln2 / 2, a degree-6 polynomial for
- * e^r (the classic Cephes expf coefficients), scaled by 2^n; 0 below -87 */
-static inline __m512 exp_v(__m512 x) {
-    const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    __m512 y = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    y = _mm512_scalef_ps(y, n);
-    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ), y);
-}
 
 typedef struct item {
     int64_t t0, t1, hk;
@@ -186,7 +170,7 @@ static void run_item(const job *j, const item *it, uint8_t *mem) {
         for (int64_t k = 0; k < nk; k++) mx = _mm512_max_ps(mx, _mm512_load_ps(sg + k * 16));
         __m512d sum_lo = _mm512_setzero_pd(), sum_hi = _mm512_setzero_pd();
         for (int64_t k = 0; k < nk; k++) {
-            __m512 e = exp_v(_mm512_sub_ps(_mm512_load_ps(sg + k * 16), mx)); /* masked: exp(-inf) = 0 */
+            __m512 e = lm_exp512(_mm512_sub_ps(_mm512_load_ps(sg + k * 16), mx)); /* masked: exp(-inf) = 0 */
             _mm512_store_ps(sg + k * 16, e);
             __mmask16 m = LANES(g, kb_min * KB + k);
             sum_lo = _mm512_mask_add_pd(sum_lo, (__mmask8)m, sum_lo, lo8(e));

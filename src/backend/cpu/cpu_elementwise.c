@@ -10,6 +10,7 @@
 #include <immintrin.h>
 #endif
 
+#include "backend/cpu/cpu_exp512.h"
 #include "backend/cpu/cpu_internal.h"
 #include "tensor/quant.h"
 
@@ -22,24 +23,6 @@ static bool use_avx512(void) {
            __builtin_cpu_supports("fma");
 }
 
-/* e^x: x = n ln2 + r, |r| <= ln2 / 2, a degree-6 polynomial for e^r (the classic
- * Cephes expf coefficients), scaled by 2^n; 0 below -87, inf above 89 */
-EW_TARGET static inline __m512 exp512(__m512 x) {
-    x = _mm512_min_ps(x, _mm512_set1_ps(89.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    __m512 y = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    y = _mm512_scalef_ps(y, n);
-    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ), y);
-}
 #endif
 
 /* Enough work per thread to pay for waking it: rows of a few hundred floats. */
@@ -236,14 +219,14 @@ EW_TARGET static void swiglu_range_avx512(void *ctx, int64_t i0, int64_t i1) {
     int64_t i = i0;
     for (; i + 16 <= i1; i += 16) {
         __m512 g = _mm512_loadu_ps(j->gate + i);
-        __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), g));
+        __m512 e = lm_exp512(_mm512_sub_ps(_mm512_setzero_ps(), g));
         __m512 sg = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
         _mm512_storeu_ps(j->out + i, _mm512_mul_ps(sg, _mm512_loadu_ps(j->up + i)));
     }
     if (i < i1) {
         __mmask16 m = (__mmask16)((1u << (i1 - i)) - 1);
         __m512 g = _mm512_maskz_loadu_ps(m, j->gate + i);
-        __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), g));
+        __m512 e = lm_exp512(_mm512_sub_ps(_mm512_setzero_ps(), g));
         __m512 sg = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
         _mm512_mask_storeu_ps(j->out + i, m, _mm512_mul_ps(sg, _mm512_maskz_loadu_ps(m, j->up + i)));
     }
