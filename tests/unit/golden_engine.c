@@ -171,19 +171,6 @@ static void together_round(lm_engine *e, const char *what, bool hit) {
     CHECK(diff == 0);
 }
 
-static char *read_file(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) n = 0;
-    if (buf) buf[n] = '\0';
-    fclose(f);
-    return buf;
-}
-
 int main(int argc, char **argv) {
     if (argc != 2) {
         fprintf(stderr, "usage: golden_engine MODEL\n");
@@ -216,7 +203,8 @@ int main(int argc, char **argv) {
         return 1;
     }
     bool own_template = lm_model_has_chat_template(model);
-    char *tmpl = own_template ? NULL : read_file(LUMEN_SOURCE_DIR "/tests/golden/templates/google-gemma-3-it.jinja");
+    char *tmpl =
+        own_template ? NULL : test_read_text(LUMEN_SOURCE_DIR "/tests/golden/templates/google-gemma-3-it.jinja");
     CHECK(own_template || tmpl);
     for (int i = 0; i < N; i++) g_n_ids[i] = render(model, msgs[i], tmpl, g_ids[i], 512);
 

@@ -31,22 +31,6 @@ static double now(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-static char *read_text(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    if (buf) buf[n] = '\0';
-    return buf;
-}
-
 static size_t unhex(const char *hex, char *out) {
     size_t n = 0;
     for (; hex[0] && hex[1]; hex += 2) {
@@ -167,7 +151,7 @@ int main(int argc, char **argv) {
     char gold[4096];
     const char *corpus = strncmp(name, "qwen2.5-coder", 13) == 0 ? "qwen2.5-coder-1.5b" : name;
     snprintf(gold, sizeof gold, "%s/tests/golden/tokenizer/%s.json", LUMEN_SOURCE_DIR, corpus);
-    char *text = read_text(gold);
+    char *text = test_read_text(gold);
     cJSON *root = text ? cJSON_Parse(text) : NULL;
     free(text);
     CHECK(root != NULL);

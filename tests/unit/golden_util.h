@@ -13,19 +13,8 @@
 #include "test.h"
 
 static cJSON *golden_read(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    if (!buf || fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        fclose(f);
-        free(buf);
-        return NULL;
-    }
-    fclose(f);
-    buf[n] = '\0';
+    char *buf = test_read_text(path);
+    if (!buf) return NULL;
     cJSON *root = cJSON_Parse(buf);
     free(buf);
     return root;

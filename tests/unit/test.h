@@ -36,4 +36,21 @@ static int lm_test_failures;
 /* Exit code CTest maps to "skipped" (SKIP_RETURN_CODE). */
 #define LM_TEST_SKIP 77
 
+/* A whole file as a NUL-terminated string (free it); NULL if it cannot be read. */
+static inline char *test_read_text(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    if (buf) buf[n] = '\0';
+    return buf;
+}
+
 #endif
