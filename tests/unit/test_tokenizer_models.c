@@ -28,25 +28,6 @@
 
 static const char *const k_models[] = {"smollm2-135m", "gemma3-270m", "qwen2.5-coder-1.5b"};
 
-static char *read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
-    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    if (buf) {
-        buf[n] = '\0';
-        *len = (size_t)n;
-    }
-    return buf;
-}
-
 static bool find_gguf(const char *name, char *out, size_t cap) {
     const char *home = getenv("HOME");
     char dir[512];
@@ -158,11 +139,10 @@ static void report(const char *model, const char *what, const tally *t) {
 static int test_model(const char *name) {
     char gguf_path[1024], golden_path[1024], hf_dir[1024];
     snprintf(golden_path, sizeof golden_path, "%s/tests/golden/tokenizer/%s.json", LUMEN_SOURCE_DIR, name);
-    size_t glen;
-    char *gj = read_file(golden_path, &glen);
+    char *gj = test_read_text(golden_path);
     CHECK(gj != NULL);
     if (!gj) return 0;
-    cJSON *doc = cJSON_ParseWithLength(gj, glen);
+    cJSON *doc = cJSON_Parse(gj);
     free(gj);
     CHECK(doc != NULL);
     const cJSON *cases = cJSON_GetObjectItem(doc, "cases");
