@@ -38,8 +38,10 @@ TEST_MODELS ?= smollm2-135m gemma3-270m
 
 # Unit + end-to-end tests, the golden tests on the real models, the sanitizer
 # builds (ASan/UBSan; TSan on the threaded tests), a bounded run of every fuzzer, and
-# the CUDA backend compiled.
-test: test-unit test-golden test-asan test-tsan test-fuzz test-cuda-build
+# the CUDA backend compiled. The suites that run the most tests come last, so the end
+# of the log shows their counts.
+test: test-cuda-build test-fuzz test-tsan test-asan test-unit test-golden
+	@echo "make test: every suite passed (CUDA build, fuzz, TSan, ASan/UBSan, unit + e2e, golden)"
 
 pull-test-models: build
 	$(LUMEN) pull $(TEST_MODELS)
