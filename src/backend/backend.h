@@ -129,7 +129,39 @@ typedef struct lm_backend_ops {
      * outputs are undefined: run it again with key 0. */
     lm_status (*pass_begin)(lm_backend *b, uint64_t key, const struct lm_kv_cache *kv, const lm_attn_batch *batch);
     lm_status (*pass_end)(lm_backend *b);
+
+    /* Optional (NULL: the forward pass downloads the logits and runs
+     * lm_logits_topk_host). Reduces each row of logits [n_rows][n_vocab] (backend
+     * memory) to what sampling needs, so a step copies back k values per row instead
+     * of n_vocab. Outputs are HOST memory (page-locked when taken from host_alloc),
+     * filled when the call returns:
+     *   ids  [n_rows][k]  the ids of the k largest logits, largest first, equal
+     *                     logits by lower id (+0 and -0 are equal; -inf entries
+     *                     count like any value, so a row with fewer than k finite
+     *                     logits ends with -inf candidates);
+     *   vals [n_rows][k]  their logits, exactly as in the row;
+     *   row_max [n_rows]  the largest logit;
+     *   row_lse [n_rows]  log(sum_t exp(l_t)), computed as max + log(sum exp(l - max))
+     *                     in double: -inf for a row of -inf, +inf when max is +inf.
+     *                     May be NULL: not computed (the sampler does not need it).
+     * A row holding a NaN is not an error of the call (one bad row must not fail a
+     * whole batch): its row_max (and row_lse) is NaN and ids[0] is the lowest id
+     * whose logit is NaN; its other outputs are unspecified. The sampler reports
+     * that row exactly as it would from the full row.
+     * 1 <= k <= min(LM_TOPK_MAX, n_vocab), else LM_ERR_INVALID_ARG. Not inside a
+     * pass_begin/pass_end bracket (it copies to the host). */
+    lm_status (*logits_topk)(lm_backend *b, const float *logits, int64_t n_rows, int64_t n_vocab, int k,
+                             int32_t *ids, float *vals, float *row_max, float *row_lse);
 } lm_backend_ops;
+
+/* The most candidates logits_topk returns per row. */
+#define LM_TOPK_MAX 256
+
+/* logits_topk on host memory, on the calling thread: the meaning of the op (the CPU
+ * backend runs it on its threads; backend/cpu/cpu_topk.c) and what the forward pass
+ * runs on downloaded logits behind a backend without the op. */
+lm_status lm_logits_topk_host(const float *logits, int64_t n_rows, int64_t n_vocab, int k, int32_t *ids,
+                              float *vals, float *row_max, float *row_lse);
 
 struct lm_backend {
     const lm_backend_ops *ops;

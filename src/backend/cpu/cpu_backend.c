@@ -182,6 +182,7 @@ static const lm_backend_ops k_cpu_ops = {
     .geglu = lm_cpu_geglu,
     .kv_store = lm_cpu_kv_store,
     .attention = lm_cpu_attention,
+    .logits_topk = lm_cpu_logits_topk,
 };
 
 lm_status lm_backend_cpu_create(int n_threads, lm_backend **out) {

@@ -92,5 +92,8 @@ lm_status lm_cpu_attention_avx512(lm_backend *b, const struct lm_kv_cache *kv, i
 lm_status lm_cpu_attention(lm_backend *b, const struct lm_kv_cache *kv, int64_t layer, const lm_attn_batch *batch,
                       const float *q, int64_t n_head, int64_t n_head_kv, int64_t head_dim, int64_t window,
                       float scale, float *out);
+/* logits_topk (cpu_topk.c): lm_logits_topk_host with the rows split across the pool. */
+lm_status lm_cpu_logits_topk(lm_backend *b, const float *logits, int64_t n_rows, int64_t n_vocab, int k,
+                             int32_t *ids, float *vals, float *row_max, float *row_lse);
 
 #endif
