@@ -269,6 +269,20 @@ lm_status lm_sampler_accept(lm_sampler *s, int32_t token) {
     return push_token(s, token, true);
 }
 
+/* The errors of a row after steps 1-3, one sentence for both draws (full row and
+ * candidates). */
+static lm_status nan_error(size_t t) {
+    return lm_error(LM_ERR_INVALID_ARG,
+                    "sampling: the logit of token %zu is NaN (after logit bias, penalties and processors)", t);
+}
+
+static lm_status banned_error(size_t n) {
+    return lm_error(LM_ERR_INVALID_ARG,
+                    "sampling: every token is banned (all %zu logits are -inf after logit bias, penalties and "
+                    "processors)",
+                    n);
+}
+
 /* Steps 1-3 of the pipeline into s->work; finds the max and the finite count. */
 static lm_status prepare(lm_sampler *s, const float *logits, size_t n, float *lmax_out, size_t *n_finite_out,
                          size_t *argmax_out) {
@@ -327,20 +341,14 @@ static lm_status prepare(lm_sampler *s, const float *logits, size_t n, float *lm
     size_t n_finite = 0, amax = 0;
     for (size_t t = 0; t < n; t++) {
         float l = w[t];
-        if (isnan(l))
-            return lm_error(LM_ERR_INVALID_ARG,
-                            "sampling: the logit of token %zu is NaN (after logit bias, penalties and processors)", t);
+        if (isnan(l)) return nan_error(t);
         if (l > lmax) {
             lmax = l;
             amax = t;
         }
         n_finite += l > -INFINITY;
     }
-    if (n_finite == 0)
-        return lm_error(LM_ERR_INVALID_ARG,
-                        "sampling: every token is banned (all %zu logits are -inf after logit bias, penalties and "
-                        "processors)",
-                        n);
+    if (n_finite == 0) return banned_error(n);
     *lmax_out = lmax;
     *n_finite_out = n_finite;
     *argmax_out = amax;
@@ -454,6 +462,126 @@ lm_status lm_sampler_distribution(lm_sampler *s, const float *logits, size_t n_v
     double total = weigh(s, lmax, n_finite);
     for (size_t t = 0; t < n_vocab; t++) probs[t] = (float)(s->wt[t] / total);
     return LM_OK;
+}
+
+/* ---- drawing from candidates ------------------------------------------------------ */
+
+/* Steps 1-3 change nothing: the logits are the model's. */
+static bool plain_params(const lm_sampler *s) {
+    return s->p.n_logit_bias == 0 && !s->use_rep && !s->use_pf && s->p.n_processors == 0;
+}
+
+bool lm_sampler_candidates_ok(const lm_sampler *s, int k) {
+    if (!s || k < 1 || !plain_params(s)) return false;
+    if ((size_t)k >= s->n_vocab) return true; /* the candidates are the whole row */
+    return s->p.temperature == 0.0f || (s->p.top_k >= 1 && s->p.top_k < k);
+}
+
+bool lm_sampler_candidates_suffice(const lm_sampler *s, const lm_candidates *c) {
+    if (!s || !c || !c->ids || !c->vals || c->n_vocab != s->n_vocab || c->k < 1 || (size_t)c->k > c->n_vocab ||
+        c->k > LM_TOPK_CANDIDATES_MAX)
+        return false;
+    if (!lm_sampler_candidates_ok(s, c->k)) return false;
+    /* a NaN or an all -inf row: the same error as from the full row */
+    if (isnan(c->row_max) || !(c->vals[0] > -INFINITY)) return true;
+    if (s->p.temperature == 0.0f || (size_t)c->k >= s->n_vocab) return true;
+    const int tk = s->p.top_k; /* 1 <= tk < k */
+    /* at most tk finite logits: all of them are candidates and top-k cuts nothing */
+    if (!(c->vals[tk] > -INFINITY)) return true;
+    /* top-k keeps {l >= vals[tk - 1]}: known only if the candidates end below it */
+    return c->vals[c->k - 1] < c->vals[tk - 1];
+}
+
+/* weigh() and the draw of lm_sampler_draw over the candidates that can survive,
+ * walked in increasing id order as the full row is, so every float and double
+ * operation happens with the same operands in the same order: same token. */
+static int32_t draw_candidates(const lm_sampler *s, const lm_candidates *c) {
+    const int k = c->k;
+    const float lmax = c->vals[0];
+    const float inv_t = 1.0f / s->p.temperature;
+    const float min_p = s->p.min_p;
+
+    /* the finite count matters only through top_k < n_finite: exact when a -inf
+     * candidate marks the end of the finite ones or the candidates are the row */
+    size_t n_finite = 0;
+    while (n_finite < (size_t)k && c->vals[n_finite] > -INFINITY) n_finite++;
+    if (n_finite == (size_t)k && (size_t)k < c->n_vocab) n_finite = (size_t)k + 1;
+
+    float cut = -INFINITY;
+    if (s->p.top_k > 0 && (size_t)s->p.top_k < n_finite) cut = c->vals[s->p.top_k - 1];
+    if (isfinite(lmax)) { /* the same floor as weigh() */
+        double floor_arg = min_p > 0.0f && s->p.top_p >= 1.0f ? log((double)min_p) - 1e-3 : -110.0;
+        if (floor_arg < -110.0) floor_arg = -110.0;
+        double cc = (double)lmax + floor_arg * (double)s->p.temperature;
+        float cf = (float)cc;
+        if ((double)cf > cc) cf = nextafterf(cf, -INFINITY);
+        if (cf > cut) cut = cf;
+    }
+
+    /* the tokens that get a weight, by increasing id */
+    int32_t id[LM_TOPK_CANDIDATES_MAX];
+    float lv[LM_TOPK_CANDIDATES_MAX], wt[LM_TOPK_CANDIDATES_MAX], sel[LM_TOPK_CANDIDATES_MAX];
+    int n = 0;
+    for (int i = 0; i < k; i++) {
+        float l = c->vals[i];
+        if (!(l >= cut && l > -INFINITY)) continue;
+        int j = n++;
+        while (j > 0 && id[j - 1] > c->ids[i]) {
+            id[j] = id[j - 1];
+            lv[j] = lv[j - 1];
+            j--;
+        }
+        id[j] = c->ids[i];
+        lv[j] = l;
+    }
+    double z = 0.0;
+    size_t m = 0;
+    for (int i = 0; i < n; i++) {
+        float v = lv[i] == lmax ? 1.0f : expf((lv[i] - lmax) * inv_t);
+        z += v;
+        m += v > 0.0f;
+        wt[i] = v;
+    }
+    float thr = min_p;
+    if (s->p.top_p < 1.0f) {
+        const double need = (double)s->p.top_p * z;
+        const float dropped_below = (float)((1.0 - (double)s->p.top_p) * z / (double)m * (1.0 - 1e-5));
+        size_t mc = 0;
+        for (int i = 0; i < n; i++)
+            if (wt[i] > dropped_below && wt[i] >= min_p && wt[i] > 0.0f) sel[mc++] = wt[i];
+        float tp = lm_select_mass_threshold(sel, mc, need);
+        if (tp > thr) thr = tp;
+    }
+    double total = 0.0;
+    for (int i = 0; i < n; i++) {
+        if (wt[i] > 0.0f && wt[i] >= thr)
+            total += wt[i];
+        else
+            wt[i] = 0.0f;
+    }
+    double target = lm_rng_uniform(s->seed, s->n_hist - s->n_prompt, 0) * total;
+    double acc = 0.0;
+    int32_t last = c->ids[0]; /* the argmax, as in lm_sampler_draw */
+    for (int i = 0; i < n; i++) {
+        if (wt[i] == 0.0f) continue;
+        acc += wt[i];
+        last = id[i];
+        if (target < acc) break;
+    }
+    return last;
+}
+
+lm_status lm_sampler_sample_candidates(lm_sampler *s, const lm_candidates *c, int32_t *token) {
+    if (!s || !c || !token) return lm_error(LM_ERR_INVALID_ARG, "sampling: sample_candidates: NULL argument");
+    if (!lm_sampler_candidates_suffice(s, c))
+        return lm_error(LM_ERR_INVALID_ARG,
+                        "sampling: %d candidates do not settle this step (parameters that need the full row, or "
+                        "a tie at the top-k boundary): sample from the full logits",
+                        c->k);
+    if (isnan(c->row_max)) return nan_error((size_t)c->ids[0]);
+    if (!(c->vals[0] > -INFINITY)) return banned_error(c->n_vocab);
+    *token = s->p.temperature == 0.0f ? c->ids[0] : draw_candidates(s, c);
+    return lm_sampler_accept(s, *token);
 }
 
 /* ---- logprobs ------------------------------------------------------------------------ */

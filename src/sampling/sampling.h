@@ -115,6 +115,43 @@ lm_status lm_sampler_sample(lm_sampler *s, const float *logits, size_t n_vocab, 
  * lm_sampler_draw, no state change. For speculative sampling and for tests. */
 lm_status lm_sampler_distribution(lm_sampler *s, const float *logits, size_t n_vocab, float *probs);
 
+/* ---- drawing from candidates ------------------------------------------------------ */
+
+/* A step's logits reduced to the k largest (the backend's logits_topk: on a GPU only
+ * these cross the bus). For the parameters lm_sampler_candidates_ok accepts, and the
+ * rows lm_sampler_candidates_suffice accepts, lm_sampler_sample_candidates returns
+ * exactly what lm_sampler_sample would from the full row: the same token, the same
+ * state change, the same error (same status and sentence) for a NaN or an all -inf
+ * row. Anything else goes through the full row. */
+typedef struct lm_candidates {
+    size_t n_vocab;      /* the full row's length                                     */
+    int k;               /* 1 <= k <= n_vocab                                          */
+    const int32_t *ids;  /* [k] the k largest logits' ids, largest first, ties by lower id */
+    const float *vals;   /* [k] their logits                                          */
+    float row_max;       /* NaN: the row holds a NaN, ids[0] is the lowest such id     */
+} lm_candidates;
+
+/* The candidates per row the generators ask for: greedy and top_k up to 63 are
+ * served from them. */
+#define LM_SAMPLER_CANDIDATES 64
+/* The most candidates a draw takes (the backends' LM_TOPK_MAX). */
+#define LM_TOPK_CANDIDATES_MAX 256
+
+/* Whether every step of this sampler can be drawn from k candidates of each row
+ * (subject to lm_sampler_candidates_suffice per row): no logit bias, no penalties,
+ * no processors (user processors, grammars), and greedy or top_k in [1, k); with
+ * k >= n_vocab (the candidates are the whole row) any temperature/top-k/top-p/min-p. */
+bool lm_sampler_candidates_ok(const lm_sampler *s, int k);
+
+/* Whether this row's candidates settle the draw exactly. False when top-k keeps
+ * tokens tied with its k-th value and the candidates end inside that tie (the tie
+ * set is unknown), and whenever lm_sampler_candidates_ok is false. */
+bool lm_sampler_candidates_suffice(const lm_sampler *s, const lm_candidates *c);
+
+/* lm_sampler_sample from candidates (draw, then accept). LM_ERR_INVALID_ARG when
+ * lm_sampler_candidates_suffice is false: the caller must use the full row. */
+lm_status lm_sampler_sample_candidates(lm_sampler *s, const lm_candidates *c, int32_t *token);
+
 /* ---- log-probabilities reported to users ---------------------------------------- */
 
 
