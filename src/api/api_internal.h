@@ -33,6 +33,11 @@ uint64_t lm_model_kv_bytes(const lm_model *model, int64_t n_ctx, lm_kv_type type
 lm_status lm_model_forward(lm_model *model, lm_kv_cache *kv, const int32_t *tokens, const int32_t *pos,
                            const int32_t *seq, int64_t n, float *logits);
 
+/* lm_forward_topk (the last token's candidates) under the model's lock. */
+struct lm_topk_out;
+lm_status lm_model_forward_topk(lm_model *model, lm_kv_cache *kv, const int32_t *tokens, const int32_t *pos,
+                                const int32_t *seq, int64_t n, const struct lm_topk_out *out);
+
 /* The process's peak resident set size in bytes (VmHWM; 0 if unknown). */
 uint64_t lm_peak_rss_bytes(void);
 

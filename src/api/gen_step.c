@@ -142,13 +142,42 @@ static void clear_step(lm_gen *g) {
     g->n_top_out = 0;
 }
 
+bool lm_gen_candidates_ok(const lm_gen *g, int k) {
+    return g && g->sampler && !g->want_logprobs && g->n_top == 0 && lm_sampler_candidates_ok(g->sampler, k);
+}
+
+bool lm_gen_candidates_suffice(const lm_gen *g, const lm_candidates *c) {
+    return c && lm_gen_candidates_ok(g, c->k) && lm_sampler_candidates_suffice(g->sampler, c);
+}
+
+/* The step from the token on: logprobs from the full row (logits; NULL on the
+ * candidate path, which never has them asked), text, stop strings, finish. */
+static lm_status step_after_token(lm_gen *g, const float *logits, int32_t tok, bool full, lm_finish_reason *finish);
+
 lm_status lm_gen_sample(lm_gen *g, const float *logits, bool full, lm_finish_reason *finish) {
     clear_step(g);
     *finish = LM_FINISH_ERROR;
     int32_t tok;
     lm_status st = lm_sampler_sample(g->sampler, logits, g->n_vocab, &tok);
     if (st) return st;
-    if (g->want_logprobs || g->n_top) {
+    return step_after_token(g, logits, tok, full, finish);
+}
+
+lm_status lm_gen_sample_candidates(lm_gen *g, const lm_candidates *c, bool full, lm_finish_reason *finish) {
+    clear_step(g);
+    *finish = LM_FINISH_ERROR;
+    if (!lm_gen_candidates_suffice(g, c))
+        return lm_error(LM_ERR_INVALID_ARG, "generation: the candidates do not settle this step (logprobs asked, "
+                                            "or sampling parameters that need the full row)");
+    int32_t tok;
+    lm_status st = lm_sampler_sample_candidates(g->sampler, c, &tok);
+    if (st) return st;
+    return step_after_token(g, NULL, tok, full, finish);
+}
+
+static lm_status step_after_token(lm_gen *g, const float *logits, int32_t tok, bool full, lm_finish_reason *finish) {
+    lm_status st = LM_OK;
+    if (logits && (g->want_logprobs || g->n_top)) {
         st = lm_logprobs(logits, g->n_vocab, tok, &g->logprob, (size_t)g->n_top, g->top, &g->n_top_out);
         if (st) {
             g->n_top_out = 0;

@@ -74,6 +74,18 @@ lm_status lm_gen_init(lm_gen *g, const lm_model *model, const lm_generate_params
  * token. An error status leaves the step without text; the generation is over. */
 lm_status lm_gen_sample(lm_gen *g, const float *logits, bool full, lm_finish_reason *finish);
 
+/* The candidate path (sampling.h, "drawing from candidates"): whether every step of
+ * this generation can be sampled from k candidates per row (no logprobs asked, since
+ * they need the whole row's log-softmax, and lm_sampler_candidates_ok). */
+bool lm_gen_candidates_ok(const lm_gen *g, int k);
+
+/* Whether this row's candidates settle the step exactly; else sample the full row. */
+bool lm_gen_candidates_suffice(const lm_gen *g, const lm_candidates *c);
+
+/* lm_gen_sample from candidates: the same step, token and text as from the full
+ * row. LM_ERR_INVALID_ARG (the generation is over) when they do not suffice. */
+lm_status lm_gen_sample_candidates(lm_gen *g, const lm_candidates *c, bool full, lm_finish_reason *finish);
+
 /* Ends the generation without a token (cancelled, max_tokens reached before a step):
  * the step's text is what the detokenizer and the stop matcher still hold; *got is
  * `want`, or LM_FINISH_STOP when that text completes a stop string. */

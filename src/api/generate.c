@@ -30,6 +30,14 @@ struct lm_context {
     lm_kv_type kv_type;
     uint64_t kv_bytes;   /* accounted in model->kv_bytes_live                */
     float *logits;       /* [n_vocab] the logits of the last computed token  */
+    /* the candidate path (sampling.h): when the request can be sampled from its
+     * row's best cand_k logits, only those come back from the last token */
+    int cand_k;
+    int32_t *cand_ids;   /* [cand_k]                                          */
+    float *cand_vals;    /* [cand_k]                                          */
+    float *cand_max;     /* [1]                                               */
+    bool have_cands;     /* the last feed gave candidates...                  */
+    int8_t cand_full;    /* ...and, when they did not settle it, the logits   */
     int32_t *tokens;     /* [n_ctx] the tokens whose K/V are in the cache     */
     int64_t n_tokens;
     int32_t *pos, *seq;  /* [PREFILL_CHUNK] batch scratch                     */
@@ -38,7 +46,7 @@ struct lm_context {
 
 typedef enum req_state {
     REQ_PROMPT,  /* the prompt is not computed yet                     */
-    REQ_READY,   /* ctx->logits hold the distribution of the next token */
+    REQ_READY,   /* ctx->logits (or candidates) hold the next token's distribution */
     REQ_FEED,    /* the last generated token must be fed first          */
     REQ_DONE,
 } req_state;
@@ -90,10 +98,14 @@ lm_status lm_context_create(lm_model *model, lm_context_params params, lm_contex
     c->kv_type = type;
     c->kv_bytes = kv_bytes;
     c->logits = lm_backend_host_alloc(model->backend, sizeof(float) * (size_t)model->m->hp.n_vocab);
+    c->cand_k = model->m->hp.n_vocab < LM_SAMPLER_CANDIDATES ? (int)model->m->hp.n_vocab : LM_SAMPLER_CANDIDATES;
+    c->cand_ids = lm_backend_host_alloc(model->backend, sizeof(int32_t) * (size_t)c->cand_k);
+    c->cand_vals = lm_backend_host_alloc(model->backend, sizeof(float) * (size_t)c->cand_k);
+    c->cand_max = lm_backend_host_alloc(model->backend, sizeof(float));
     c->tokens = malloc(sizeof(int32_t) * (size_t)n_ctx);
     c->pos = malloc(sizeof(int32_t) * PREFILL_CHUNK);
     c->seq = calloc(PREFILL_CHUNK, sizeof(int32_t));
-    if (!c->logits || !c->tokens || !c->pos || !c->seq)
+    if (!c->logits || !c->cand_ids || !c->cand_vals || !c->cand_max || !c->tokens || !c->pos || !c->seq)
         st = lm_error(LM_ERR_NO_MEMORY, "out of memory for a context of %d tokens", n_ctx);
     if (!st) st = lm_kv_cache_for_model(model->m, n_ctx, 1, type == LM_KV_F32 ? LM_DTYPE_F32 : LM_DTYPE_F16, &c->kv);
     if (st) {
@@ -110,6 +122,9 @@ void lm_context_free(lm_context *ctx) {
     atomic_fetch_sub(&ctx->model->kv_bytes_live, ctx->kv_bytes);
     lm_kv_cache_free(ctx->kv);
     lm_backend_host_free(ctx->model->backend, ctx->logits);
+    lm_backend_host_free(ctx->model->backend, ctx->cand_ids);
+    lm_backend_host_free(ctx->model->backend, ctx->cand_vals);
+    lm_backend_host_free(ctx->model->backend, ctx->cand_max);
     free(ctx->tokens);
     free(ctx->pos);
     free(ctx->seq);
@@ -124,11 +139,30 @@ void lm_context_reset(lm_context *ctx) {
     ctx->n_tokens = 0;
 }
 
-/* Runs tokens[0..n) at the end of the cached sequence; on success ctx->logits holds
- * the last one's logits. On failure the cache is cut back to what it held before. */
-static lm_status ctx_feed(lm_context *ctx, const int32_t *tokens, int64_t n) {
+static lm_candidates ctx_candidates(const lm_context *ctx) {
+    return (lm_candidates){(size_t)ctx->model->m->hp.n_vocab, ctx->cand_k, ctx->cand_ids, ctx->cand_vals,
+                           ctx->cand_max[0]};
+}
+
+/* lm_forward_topk's question for the one row: do the candidates settle the step? */
+static bool need_full(void *user, int64_t row) {
+    const lm_request *r = user;
+    lm_candidates c = ctx_candidates(r->ctx);
+    (void)row;
+    return !lm_gen_candidates_suffice(&r->gen, &c);
+}
+
+/* Runs tokens[0..n) at the end of the cached sequence; on success the last one's
+ * logits are in ctx->logits or, when the request `r` can be sampled from them, its
+ * candidates (ctx->have_cands). On failure the cache is cut back to what it held
+ * before. */
+static lm_status ctx_feed(lm_context *ctx, lm_request *r, const int32_t *tokens, int64_t n) {
     for (int64_t i = 0; i < n; i++) ctx->pos[i] = (int32_t)(ctx->n_tokens + i);
-    lm_status st = lm_model_forward(ctx->model, ctx->kv, tokens, ctx->pos, ctx->seq, n, ctx->logits);
+    ctx->have_cands = lm_gen_candidates_ok(&r->gen, ctx->cand_k);
+    lm_topk_out out = {ctx->cand_k, ctx->cand_ids, ctx->cand_vals, ctx->cand_max, NULL,
+                       need_full,   r,             ctx->logits,    &ctx->cand_full};
+    lm_status st = ctx->have_cands ? lm_model_forward_topk(ctx->model, ctx->kv, tokens, ctx->pos, ctx->seq, n, &out)
+                                   : lm_model_forward(ctx->model, ctx->kv, tokens, ctx->pos, ctx->seq, n, ctx->logits);
     if (st) {
         lm_kv_cache_truncate(ctx->kv, 0, ctx->n_tokens);
         return st;
@@ -228,7 +262,7 @@ static lm_status compute_prompt(lm_request *r, bool *cancelled) {
             break;
         }
         int64_t n = (int64_t)r->n_prompt - i < PREFILL_CHUNK ? (int64_t)r->n_prompt - i : PREFILL_CHUNK;
-        lm_status st = ctx_feed(ctx, r->prompt + i, n);
+        lm_status st = ctx_feed(ctx, r, r->prompt + i, n);
         if (st) return lm_error_prefix(st, "computing the prompt");
     }
     r->gen.stats.prompt_s = lm_now_s() - t0;
@@ -253,7 +287,7 @@ lm_status lm_request_next(lm_request *r, lm_step *step) {
         if ((st = compute_prompt(r, &cancelled))) return fail(r, st, step);
         r->state = REQ_READY;
     } else if (!cancelled && r->state == REQ_FEED) {
-        if ((st = ctx_feed(ctx, &r->last_token, 1))) return fail(r, lm_error_prefix(st, "generating"), step);
+        if ((st = ctx_feed(ctx, r, &r->last_token, 1))) return fail(r, lm_error_prefix(st, "generating"), step);
         r->state = REQ_READY;
     }
     if (cancelled || (g->max_tokens >= 0 && g->n_generated >= g->max_tokens)) {
@@ -264,7 +298,13 @@ lm_status lm_request_next(lm_request *r, lm_step *step) {
         finish(r, why, step);
         return LM_OK;
     }
-    st = lm_gen_sample(g, ctx->logits, ctx->n_tokens >= ctx->n_ctx, &why);
+    bool full = ctx->n_tokens >= ctx->n_ctx;
+    if (ctx->have_cands && !ctx->cand_full) {
+        lm_candidates c = ctx_candidates(ctx);
+        st = lm_gen_sample_candidates(g, &c, full, &why);
+    } else {
+        st = lm_gen_sample(g, ctx->logits, full, &why);
+    }
     step->text = g->text;
     if (st) return fail(r, st, step);
     r->last_token = g->token;

@@ -57,6 +57,15 @@ lm_status lm_model_forward(lm_model *model, lm_kv_cache *kv, const int32_t *toke
     return st;
 }
 
+lm_status lm_model_forward_topk(lm_model *model, lm_kv_cache *kv, const int32_t *tokens, const int32_t *pos,
+                                const int32_t *seq, int64_t n, const lm_topk_out *out) {
+    lm_batch batch = {n, tokens, pos, seq, NULL};
+    pthread_mutex_lock(&model->forward_lock);
+    lm_status st = lm_forward_topk(model->m, kv, &batch, out);
+    pthread_mutex_unlock(&model->forward_lock);
+    return st;
+}
+
 static double mib(uint64_t bytes) { return (double)bytes / (1024.0 * 1024.0); }
 
 static char *dup_n(const char *s, size_t n) {

@@ -151,6 +151,15 @@ struct lm_engine {
     int32_t *b_tok, *b_pos, *b_seq, *match_blocks;
     int8_t *b_want;
     float *logits;
+    /* the candidate path (sampling.h): when every sequence of a step can be sampled
+     * from its row's topk_k best logits, only those come back (page-locked like
+     * `logits`); topk_k 0: off (LUMEN_LOGITS_TOPK=0) */
+    int topk_k;
+    int32_t *cand_ids;  /* [batch_size + 1][topk_k] */
+    float *cand_vals;   /* [batch_size + 1][topk_k] */
+    float *cand_max;    /* [batch_size + 1]         */
+    int8_t *cand_full;  /* [batch_size + 1] rows whose full logits came back instead */
+    int64_t n_cand_steps, n_cand_rows_full; /* steps that took candidates, rows fetched whole (under mu; tests) */
     int64_t n_preemptions;
     double occupancy_sum, step_tokens_sum;
 
@@ -216,8 +225,10 @@ void lm_eng_pubs_add(pubs *ps, lm_engine_request *r, step_rec *s, bool last, con
  * and queues the final step. */
 void lm_eng_finish_request(lm_engine *e, lm_engine_request *r, lm_finish_reason why, lm_status status,
                            const char *err, pubs *ps);
-/* Samples the request's next token from `logits` and queues the step. */
-void lm_eng_sample_step(lm_engine *e, lm_engine_request *r, const float *logits, pubs *ps);
+/* Samples the request's next token from `logits` (its row's full logits) or, when
+ * `cand` is not NULL, from its row's candidates, and queues the step. */
+void lm_eng_sample_step(lm_engine *e, lm_engine_request *r, const float *logits, const lm_candidates *cand,
+                        pubs *ps);
 /* The worker's counters into the published statistics (under mu). */
 void lm_eng_update_stats_locked(lm_engine *e);
 /* Publishes the queued steps and lets go of finished requests (takes mu). */

@@ -4,6 +4,7 @@
 #include "engine/engine_internal.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/error.h"
 #include "model/forward.h"
@@ -81,6 +82,19 @@ lm_status lm_eng_load(lm_engine *e) {
     if (!e->free_slots || !e->running || !e->b_tok || !e->b_pos || !e->b_seq || !e->b_want || !e->match_blocks ||
         !e->logits)
         return lm_error(LM_ERR_NO_MEMORY, "out of memory for the engine's buffers");
+    /* the candidate path: K best logits of each row instead of the row */
+    const char *topk = getenv("LUMEN_LOGITS_TOPK");
+    e->topk_k = topk && !strcmp(topk, "0") ? 0 : LM_SAMPLER_CANDIDATES;
+    if (e->topk_k > e->n_vocab) e->topk_k = (int)e->n_vocab;
+    if (e->topk_k) {
+        size_t rows = (size_t)e->p.batch_size + 1, kk = (size_t)e->topk_k;
+        e->cand_ids = lm_backend_host_alloc(m->backend, sizeof(int32_t) * rows * kk);
+        e->cand_vals = lm_backend_host_alloc(m->backend, sizeof(float) * rows * kk);
+        e->cand_max = lm_backend_host_alloc(m->backend, sizeof(float) * rows);
+        e->cand_full = malloc(rows);
+        if (!e->cand_ids || !e->cand_vals || !e->cand_max || !e->cand_full)
+            return lm_error(LM_ERR_NO_MEMORY, "out of memory for the engine's buffers");
+    }
     for (int32_t s = n_seqs - 1; s >= 1; s--) e->free_slots[e->n_free_slots++] = s;
     if (e->n_prefix_tokens) {
         if ((st = prefill_alone(e, 0, e->prefix_tokens, e->n_prefix_tokens)))
@@ -100,8 +114,19 @@ lm_status lm_eng_load(lm_engine *e) {
 
 void lm_eng_unload(lm_engine *e) {
     /* everything ended: free the model and the caches */
-    if (e->model) lm_backend_host_free(e->model->backend, e->logits);
+    if (e->model) {
+        lm_backend *b = e->model->backend;
+        lm_backend_host_free(b, e->logits);
+        lm_backend_host_free(b, e->cand_ids);
+        lm_backend_host_free(b, e->cand_vals);
+        lm_backend_host_free(b, e->cand_max);
+    }
     e->logits = NULL;
+    e->cand_ids = NULL;
+    e->cand_vals = NULL;
+    e->cand_max = NULL;
+    free(e->cand_full);
+    e->cand_full = NULL;
     lm_prefix_cache_free(e->pc);
     lm_kv_cache_free(e->kv);
     lm_model_free(e->model);

@@ -61,11 +61,13 @@ void lm_eng_finish_request(lm_engine *e, lm_engine_request *r, lm_finish_reason 
     lm_eng_pubs_add(ps, r, s, true, status ? err : NULL);
 }
 
-/* Samples the request's next token from `logits` and publishes the step. */
-void lm_eng_sample_step(lm_engine *e, lm_engine_request *r, const float *logits, pubs *ps) {
+/* Samples the request's next token from `logits` or its candidates and publishes the step. */
+void lm_eng_sample_step(lm_engine *e, lm_engine_request *r, const float *logits, const lm_candidates *cand,
+                        pubs *ps) {
     lm_gen *g = &r->gen;
     lm_finish_reason why;
-    lm_status st = lm_gen_sample(g, logits, r->n_computed >= r->bound, &why);
+    bool full = r->n_computed >= r->bound;
+    lm_status st = cand ? lm_gen_sample_candidates(g, cand, full, &why) : lm_gen_sample(g, logits, full, &why);
     if (st) {
         lm_eng_finish_request(e, r, LM_FINISH_ERROR, st, lm_last_error(), ps);
         return;

@@ -154,6 +154,42 @@ static void reserve(lm_engine *e, pubs *ps) {
     }
 }
 
+/* The candidates of row i of the last candidate pass. */
+static lm_candidates row_candidates(const lm_engine *e, int64_t i) {
+    size_t k = (size_t)e->topk_k;
+    return (lm_candidates){(size_t)e->n_vocab, e->topk_k, e->cand_ids + (size_t)i * k, e->cand_vals + (size_t)i * k,
+                           e->cand_max[i]};
+}
+
+typedef struct need_full_ctx {
+    const lm_engine *e;
+    lm_engine_request *const *rows;
+} need_full_ctx;
+
+/* lm_forward_topk's question: the rows whose candidates leave the token open (a
+ * tie at the top-k boundary) come back whole. */
+static bool need_full(void *user, int64_t row) {
+    const need_full_ctx *c = user;
+    lm_candidates cand = row_candidates(c->e, row);
+    return !lm_gen_candidates_suffice(&c->rows[row]->gen, &cand);
+}
+
+/* One forward pass over the batch: the candidates of the rows when every request
+ * sampling this step can take them (*cands), else the full logits as always. */
+static lm_status run_batch(lm_engine *e, const lm_batch *batch, lm_engine_request *const *with_logits, int64_t n_out,
+                           bool *cands) {
+    *cands = e->topk_k > 0 && n_out > 0;
+    for (int64_t i = 0; i < n_out && *cands; i++) *cands = lm_gen_candidates_ok(&with_logits[i]->gen, e->topk_k);
+    need_full_ctx ctx = {e, with_logits};
+    lm_topk_out out = {e->topk_k, e->cand_ids, e->cand_vals, e->cand_max, NULL, need_full, &ctx, e->logits,
+                       e->cand_full};
+    pthread_mutex_lock(&e->model->forward_lock);
+    lm_status st = *cands ? lm_forward_topk(e->model->m, e->kv, batch, &out)
+                          : lm_forward(e->model->m, e->kv, batch, e->logits);
+    pthread_mutex_unlock(&e->model->forward_lock);
+    return st;
+}
+
 /* One scheduler step over the running requests. */
 static void step(lm_engine *e, pubs *ps) {
     plan(e);
@@ -193,9 +229,8 @@ static void step(lm_engine *e, pubs *ps) {
     if (n == 0) return;
     lm_batch batch = {n, e->b_tok, e->b_pos, e->b_seq, e->b_want};
     double t0 = lm_now_s();
-    pthread_mutex_lock(&e->model->forward_lock);
-    lm_status st = lm_forward(e->model->m, e->kv, &batch, e->logits);
-    pthread_mutex_unlock(&e->model->forward_lock);
+    bool cands;
+    lm_status st = run_batch(e, &batch, with_logits, n_out, &cands);
     double dt = lm_now_s() - t0;
     int64_t n_prefill = n - n_decode;
     if (st) {
@@ -220,13 +255,23 @@ static void step(lm_engine *e, pubs *ps) {
         lm_engine_request *r = with_logits[i];
         if (r->state == R_PREFILL) /* the prompt is in: share its full blocks */
             lm_prefix_cache_insert(e->pc, r->tokens, r->n_computed, e->kv->seqs[r->seq].blocks, false);
-        lm_eng_sample_step(e, r, e->logits + (size_t)i * (size_t)e->n_vocab, ps);
+        const float *row = e->logits + (size_t)i * (size_t)e->n_vocab;
+        if (cands && !e->cand_full[i]) {
+            lm_candidates c = row_candidates(e, i);
+            lm_eng_sample_step(e, r, NULL, &c, ps);
+        } else {
+            lm_eng_sample_step(e, r, row, NULL, ps);
+        }
     }
     pthread_mutex_lock(&e->mu);
     e->st.n_steps++;
     e->st.n_prefill_tokens += n_prefill;
     e->st.n_decode_tokens += n_decode;
     e->st.n_generated_tokens += n_out;
+    if (cands) {
+        e->n_cand_steps++;
+        for (int64_t i = 0; i < n_out; i++) e->n_cand_rows_full += e->cand_full[i];
+    }
     e->step_tokens_sum += (double)n;
     e->occupancy_sum += (double)e->n_running / (double)e->p.batch_size;
     pthread_mutex_unlock(&e->mu);

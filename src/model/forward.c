@@ -263,12 +263,50 @@ static lm_status forward_pass(const lm_model_internal *m, lm_kv_cache *kv, const
     return st ? st : end;
 }
 
-lm_status lm_forward(const lm_model_internal *m, lm_kv_cache *kv, const lm_batch *batch, float *logits) {
+/* The selected rows' candidates from the logits in backend memory (lm_forward_topk). */
+static lm_status topk_outputs(const lm_model_internal *m, const float *dev_logits, int64_t n_out,
+                              const lm_topk_out *out) {
+    lm_backend *b = m->backend;
+    const int64_t n_vocab = m->hp.n_vocab;
+    const size_t row_bytes = (size_t)n_vocab * sizeof(float);
+    lm_status st;
+    if (b->ops->logits_topk) {
+        st = b->ops->logits_topk(b, dev_logits, n_out, n_vocab, out->k, out->ids, out->vals, out->row_max,
+                                 out->row_lse);
+        if (st || !out->need_full) return st;
+        for (int64_t r = 0; r < n_out; r++) {
+            out->fetched[r] = out->need_full(out->user, r) ? 1 : 0;
+            if (out->fetched[r]) b->ops->download(b, out->full + r * n_vocab, dev_logits + r * n_vocab, row_bytes);
+        }
+        return LM_OK;
+    }
+    /* no op: every row to the host (into `full` when given), reduced there */
+    float *host = out->full;
+    if (!host && !(host = lm_backend_host_alloc(b, row_bytes * (size_t)n_out)))
+        return lm_error(LM_ERR_NO_MEMORY, "out of memory for the logits of %lld rows", (long long)n_out);
+    b->ops->download(b, host, dev_logits, row_bytes * (size_t)n_out);
+    st = lm_logits_topk_host(host, n_out, n_vocab, out->k, out->ids, out->vals, out->row_max, out->row_lse);
+    if (!st && out->need_full) /* the rows are in `full` already */
+        for (int64_t r = 0; r < n_out; r++) out->fetched[r] = out->need_full(out->user, r) ? 1 : 0;
+    if (host != out->full) lm_backend_host_free(b, host);
+    return st;
+}
+
+/* The pass, then the selected rows' logits (logits != NULL) or candidates (topk). */
+static lm_status forward_run(const lm_model_internal *m, lm_kv_cache *kv, const lm_batch *batch, float *logits,
+                             const lm_topk_out *topk) {
     lm_status st = check_batch(m, kv, batch);
     if (st) return st;
     lm_backend *b = m->backend;
     int64_t n = batch->n_tokens, n_out = 0;
     for (int64_t t = 0; t < n; t++) n_out += batch->logits ? (batch->logits[t] != 0) : (t == n - 1);
+    if (topk && n_out > 0) {
+        if (!topk->ids || !topk->vals || !topk->row_max || (topk->need_full && (!topk->full || !topk->fetched)))
+            return lm_error(LM_ERR_INVALID_ARG, "lm_forward_topk: an output buffer is NULL");
+        if (topk->k < 1 || topk->k > LM_TOPK_MAX || topk->k > m->hp.n_vocab)
+            return lm_error(LM_ERR_INVALID_ARG, "lm_forward_topk: k = %d must be in [1, %d] and at most n_vocab (%lld)",
+                            topk->k, LM_TOPK_MAX, (long long)m->hp.n_vocab);
+    }
 
     scratch s;
     bool kept;
@@ -278,8 +316,21 @@ lm_status lm_forward(const lm_model_internal *m, lm_kv_cache *kv, const lm_batch
     /* a recorded pass that failed may have failed in the recording: once more,
      * unrecorded (rewriting the same K/V slots is harmless); a real error repeats */
     if (st && key) st = forward_pass(m, kv, batch, &s, n_out, 0);
-    if (st == LM_OK && n_out > 0)
-        b->ops->download(b, logits, s.logits, (size_t)(n_out * m->hp.n_vocab) * sizeof(float));
+    if (st == LM_OK && n_out > 0) {
+        if (topk)
+            st = topk_outputs(m, s.logits, n_out, topk);
+        else
+            b->ops->download(b, logits, s.logits, (size_t)(n_out * m->hp.n_vocab) * sizeof(float));
+    }
     scratch_release(m, &s, kept);
     return st;
+}
+
+lm_status lm_forward(const lm_model_internal *m, lm_kv_cache *kv, const lm_batch *batch, float *logits) {
+    return forward_run(m, kv, batch, logits, NULL);
+}
+
+lm_status lm_forward_topk(const lm_model_internal *m, lm_kv_cache *kv, const lm_batch *batch, const lm_topk_out *out) {
+    if (!out) return lm_error(LM_ERR_INVALID_ARG, "lm_forward_topk: out is NULL");
+    return forward_run(m, kv, batch, NULL, out);
 }
