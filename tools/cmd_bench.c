@@ -5,9 +5,12 @@
  * --parallel N1,N2,...: for each N, N sequences each get a prompt of
  * --parallel-prompt tokens (prefilled in batches of whole sequences), then `-n`
  * decode steps, each ONE forward pass over N tokens (one per sequence, each its own
- * KV sequence): aggregate tokens/s = N * steps / time. Every step returns the logits
- * of all N tokens to the host, as a generation needs (--logits last: only the last
- * token's, which leaves out the head's extra rows and the copy).
+ * KV sequence): aggregate tokens/s = N * steps / time. What each step returns to the
+ * host (--logits): `topk` (the default) the 64 best candidates of every sequence's
+ * row, reduced by the backend (what greedy and top-k sampling need: the engine's
+ * candidate path); `all` the full logits of all N tokens (what any other sampling
+ * needs: 600 KB per token of a 152k vocabulary); `last` only the last token's, which
+ * leaves out the head's extra rows and the copy.
  * Token ids are fixed pseudo-random ids, so no tokenizer is involved. */
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -21,6 +24,7 @@
 #include "core/error.h"
 #include "formats/model_store.h"
 #include "model/forward.h"
+#include "sampling/sampling.h"
 
 enum { MAX_PARALLEL = 16, PREFILL_BATCH = 2048 };
 
@@ -32,8 +36,13 @@ typedef struct bench_opts {
     int device;
     int parallel[MAX_PARALLEL], n_parallel;
     int par_prompt;
-    bool all_logits;
+    int logits; /* logits_mode */
 } bench_opts;
+
+/* what a --parallel decode step returns to the host */
+typedef enum logits_mode { LOGITS_TOPK, LOGITS_ALL, LOGITS_LAST } logits_mode;
+static const char *const k_logits_names[] = {"topk", "all", "last"};
+enum { TOPK_K = LM_SAMPLER_CANDIDATES };
 
 /* one --parallel measurement: medians over the repetitions */
 typedef struct par_result {
@@ -56,8 +65,10 @@ static void usage(FILE *f) {
             "  --parallel LIST    decode with N sequences together, for each N of a comma list\n"
             "                     (e.g. 1,8,64,256): -n steps of one N-token batch (default: off)\n"
             "  --parallel-prompt N  prompt tokens of each sequence before --parallel decoding (default: 128)\n"
-            "  --logits all|last  --parallel steps return the logits of every sequence (all, default)\n"
-            "                     or of the last token only\n"
+            "  --logits topk|all|last  what --parallel steps return: the 64 best logits of every\n"
+            "                     sequence, reduced on the backend (topk, default: what greedy and\n"
+            "                     top-k sampling need), the logits of every sequence (all), or of\n"
+            "                     the last token only (last)\n"
             "  --json             one JSON object on stdout (default: a table)\n");
 }
 
@@ -112,8 +123,9 @@ static lm_status run_once(lm_model_internal *m, int n, bool generate, double *se
 
 /* N sequences: prompts of `prompt` tokens, prefilled in batches of whole sequences,
  * then `steps` decode steps of one N-token batch. Seconds of each phase. */
-static lm_status run_parallel_once(lm_model_internal *m, int N, int prompt, int steps, bool all_logits,
+static lm_status run_parallel_once(lm_model_internal *m, int N, int prompt, int steps, int mode,
                                    double *prefill_s, double *decode_s) {
+    const bool all_logits = mode == LOGITS_ALL;
     int per_batch = prompt >= PREFILL_BATCH ? 1 : PREFILL_BATCH / prompt;
     if (per_batch > N) per_batch = N;
     int64_t nb = (int64_t)per_batch * prompt, n_vocab = m->hp.n_vocab;
@@ -123,7 +135,16 @@ static lm_status run_parallel_once(lm_model_internal *m, int N, int prompt, int 
     int32_t *seq = malloc(sizeof(int32_t) * (size_t)n_cap);
     int8_t *want = malloc((size_t)N);
     float *logits = lm_backend_host_alloc(m->backend, sizeof(float) * (size_t)((all_logits ? N : 1) * n_vocab));
-    lm_status st = (!tok || !pos || !seq || !want || !logits)
+    /* topk: page-locked like the logits, as the engine keeps them */
+    int k = n_vocab < TOPK_K ? (int)n_vocab : TOPK_K;
+    lm_topk_out out = {k, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    if (mode == LOGITS_TOPK) {
+        out.ids = lm_backend_host_alloc(m->backend, sizeof(int32_t) * (size_t)N * (size_t)k);
+        out.vals = lm_backend_host_alloc(m->backend, sizeof(float) * (size_t)N * (size_t)k);
+        out.row_max = lm_backend_host_alloc(m->backend, sizeof(float) * (size_t)N);
+    }
+    bool topk_ok = mode != LOGITS_TOPK || (out.ids && out.vals && out.row_max);
+    lm_status st = (!tok || !pos || !seq || !want || !logits || !topk_ok)
                        ? lm_error(LM_ERR_NO_MEMORY, "out of memory for %d sequences", N)
                        : lm_kv_cache_for_model(m, prompt + steps + 1, N, LM_DTYPE_F16, &kv);
     uint32_t x = 12345;
@@ -149,14 +170,17 @@ static lm_status run_parallel_once(lm_model_internal *m, int N, int prompt, int 
             tok[k] = (int32_t)(x % (uint32_t)n_vocab);
             pos[k] = prompt + i;
         }
-        lm_batch step = {N, tok, pos, seq, all_logits ? want : NULL};
-        st = lm_forward(m, kv, &step, logits);
+        lm_batch step = {N, tok, pos, seq, mode == LOGITS_LAST ? NULL : want};
+        st = mode == LOGITS_TOPK ? lm_forward_topk(m, kv, &step, &out) : lm_forward(m, kv, &step, logits);
     }
     *prefill_s = t1 - t0;
     *decode_s = now_s() - t1;
     lm_kv_cache_free(kv);
     free(tok), free(pos), free(seq), free(want);
     lm_backend_host_free(m->backend, logits);
+    lm_backend_host_free(m->backend, out.ids);
+    lm_backend_host_free(m->backend, out.vals);
+    lm_backend_host_free(m->backend, out.row_max);
     return st;
 }
 
@@ -167,9 +191,9 @@ static void measure_parallel(lm_model_internal *m, const bench_opts *o, int N, p
     if (!pf || !dc) r->st = lm_error(LM_ERR_NO_MEMORY, "out of memory");
     /* warm-up: grows the backend's scratch and pools for this batch size */
     int wp = o->par_prompt < 16 ? o->par_prompt : 16;
-    if (r->st == LM_OK) r->st = run_parallel_once(m, N, wp, o->n_gen < 2 ? o->n_gen : 2, o->all_logits, &a, &b);
+    if (r->st == LM_OK) r->st = run_parallel_once(m, N, wp, o->n_gen < 2 ? o->n_gen : 2, o->logits, &a, &b);
     for (int i = 0; r->st == LM_OK && i < o->reps; i++) {
-        r->st = run_parallel_once(m, N, o->par_prompt, o->n_gen, o->all_logits, &a, &b);
+        r->st = run_parallel_once(m, N, o->par_prompt, o->n_gen, o->logits, &a, &b);
         pf[i] = a > 0 ? (double)N * o->par_prompt / a : 0.0;
         dc[i] = b > 0 ? (double)N * o->n_gen / b : 0.0;
     }
@@ -208,7 +232,7 @@ static lm_status measure(lm_model_internal *m, int n, bool generate, int reps, d
 }
 
 int cmd_bench(int argc, char **argv) {
-    bench_opts o = {"smollm2-135m", 512, 128, 2, 5, false, "cpu", 0, {0}, 0, 128, true};
+    bench_opts o = {"smollm2-135m", 512, 128, 2, 5, false, "cpu", 0, {0}, 0, 128, LOGITS_TOPK};
     bool model_set = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -236,8 +260,9 @@ int cmd_bench(int argc, char **argv) {
                 ok = !strcmp(v, "cpu") || !strcmp(v, "cuda");
                 o.backend = v;
             } else if (ok && !strcmp(a, "--logits")) {
-                ok = !strcmp(v, "all") || !strcmp(v, "last");
-                o.all_logits = ok && !strcmp(v, "all");
+                ok = false;
+                for (int mde = 0; mde < 3; mde++)
+                    if (!strcmp(v, k_logits_names[mde])) ok = true, o.logits = mde;
             } else if (ok)
                 ok = parse_list(v, &o);
             if (!ok) {
@@ -321,7 +346,9 @@ int cmd_bench(int argc, char **argv) {
             cJSON_AddNumberToObject(j, "peak_rss_mib", peak_mib);
             if (n_par) {
                 cJSON_AddNumberToObject(j, "parallel_prompt", o.par_prompt);
-                cJSON_AddStringToObject(j, "logits", o.all_logits ? "all" : "last");
+                cJSON_AddStringToObject(j, "logits", k_logits_names[o.logits]);
+                if (o.logits == LOGITS_TOPK)
+                    cJSON_AddNumberToObject(j, "logits_topk_k", m->hp.n_vocab < TOPK_K ? m->hp.n_vocab : TOPK_K);
                 cJSON *arr = cJSON_AddArrayToObject(j, "parallel");
                 for (int i = 0; i < n_par; i++) {
                     cJSON *e = cJSON_CreateObject();
@@ -350,8 +377,12 @@ int cmd_bench(int argc, char **argv) {
             if (o.n_prompt) printf("pp%-6d %10.1f tokens/s\n", o.n_prompt, pp);
             if (o.n_gen && !n_par) printf("tg%-6d %10.1f tokens/s\n", o.n_gen, tg);
             if (n_par)
-                printf("parallel: %d-token prompts, %d decode steps, logits of %s\n%8s %16s %16s %10s\n",
-                       o.par_prompt, o.n_gen, o.all_logits ? "every sequence" : "the last token", "seqs",
+                printf("parallel: %d-token prompts, %d decode steps, --logits %s (%s)\n%8s %16s %16s %10s\n",
+                       o.par_prompt, o.n_gen, k_logits_names[o.logits],
+                       o.logits == LOGITS_TOPK  ? "the 64 best logits of every sequence"
+                       : o.logits == LOGITS_ALL ? "the logits of every sequence"
+                                                : "the logits of the last token",
+                       "seqs",
                        "prefill tok/s", "decode tok/s", "ms/step");
             for (int i = 0; i < n_par; i++) {
                 if (par[i].st)
