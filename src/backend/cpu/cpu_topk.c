@@ -32,44 +32,47 @@ static void heap_down(float *v, int32_t *id, int64_t n, int64_t i) {
     }
 }
 
+/* The row's NaN marking (backend.h): the first NaN is at t. */
+static void mark_nan(const float *row, int64_t t, int k, int32_t *ids, float *vals, float *row_max, float *row_lse) {
+    ids[0] = (int32_t)t;
+    vals[0] = row[t];
+    for (int i = 1; i < k; i++) ids[i] = -1, vals[i] = NAN;
+    *row_max = NAN;
+    if (row_lse) *row_lse = NAN;
+}
+
 static void topk_row(const float *row, int64_t n, int k, int32_t *ids, float *vals, float *row_max,
                      float *row_lse) {
-    /* a NaN anywhere: the row is marked, the sampler reports the first NaN */
-    for (int64_t t = 0; t < n; t++)
-        if (isnan(row[t])) {
-            ids[0] = (int32_t)t;
-            vals[0] = row[t];
-            for (int i = 1; i < k; i++) ids[i] = -1, vals[i] = NAN;
-            *row_max = NAN;
-            if (row_lse) *row_lse = NAN;
-            return;
-        }
-    /* one pass with a heap of the k best: most entries fail the one comparison with
-     * the root; scanning ids upward, an equal logit never displaces a lower id */
-    int64_t h = 0;
-    float mx = -INFINITY;
-    for (int64_t t = 0; t < n; t++) {
+    /* one pass with a min-heap of the k best: once it is full, almost every entry
+     * fails the one comparison with its root (l <= worst: scanning ids upward, an
+     * equal logit never displaces a lower id). A NaN fails every comparison, so it
+     * takes the slow branch, where the first one ends the row. */
+    int64_t t = 0;
+    for (; t < k; t++) {
         float l = row[t];
-        if (l > mx) mx = l;
-        if (h < k) {
-            int64_t i = h++;
-            vals[i] = l;
-            ids[i] = (int32_t)t;
-            while (i > 0 && below(vals[i], ids[i], vals[(i - 1) / 2], ids[(i - 1) / 2])) {
-                swap_entry(vals, ids, i, (i - 1) / 2);
-                i = (i - 1) / 2;
-            }
-        } else if (below(vals[0], ids[0], l, (int32_t)t)) {
-            vals[0] = l;
-            ids[0] = (int32_t)t;
-            heap_down(vals, ids, h, 0);
+        if (isnan(l)) return mark_nan(row, t, k, ids, vals, row_max, row_lse);
+        int64_t i = t;
+        vals[i] = l;
+        ids[i] = (int32_t)t;
+        while (i > 0 && below(vals[i], ids[i], vals[(i - 1) / 2], ids[(i - 1) / 2])) {
+            swap_entry(vals, ids, i, (i - 1) / 2);
+            i = (i - 1) / 2;
         }
+    }
+    for (; t < n; t++) {
+        float l = row[t];
+        if (l <= vals[0]) continue;
+        if (isnan(l)) return mark_nan(row, t, k, ids, vals, row_max, row_lse);
+        vals[0] = l;
+        ids[0] = (int32_t)t;
+        heap_down(vals, ids, k, 0);
     }
     /* heap sort in place: popping the worst to the back leaves the best first */
-    for (int64_t end = h - 1; end > 0; end--) {
-        swap_entry(vals, ids, 0, end);
-        heap_down(vals, ids, end, 0);
+    for (int64_t last = k - 1; last > 0; last--) {
+        swap_entry(vals, ids, 0, last);
+        heap_down(vals, ids, last, 0);
     }
+    const float mx = vals[0];
     *row_max = mx;
     if (!row_lse) return;
     if (isinf(mx)) { /* all -inf: -inf; a +inf logit: +inf */
@@ -77,7 +80,7 @@ static void topk_row(const float *row, int64_t n, int k, int32_t *ids, float *va
         return;
     }
     double sum = 0.0;
-    for (int64_t t = 0; t < n; t++) sum += exp((double)row[t] - (double)mx);
+    for (t = 0; t < n; t++) sum += exp((double)row[t] - (double)mx);
     *row_lse = (float)((double)mx + log(sum));
 }
 
