@@ -1,0 +1,246 @@
+/* The CUDA backend's logits_topk against the CPU reference (lm_logits_topk_host):
+ * rows of many kinds (random, a realistic spread, few distinct values with +-0,
+ * -inf entries, fewer finite logits than k, +inf, all equal, NaN) for vocabularies
+ * from 1 to 262144 and k from 1 to 256 (and k = n_vocab): ids, values and max bit
+ * for bit, log-sum-exp within 1e-6; outputs in page-locked and in ordinary host
+ * memory; lm_forward_topk on a tiny model equal to lm_forward's logits reduced on the
+ * host; and the time of the op beside the download it replaces (256 rows of a 152k
+ * vocabulary). Exits 77 (skipped) without a CUDA build or a GPU. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backend/backend.h"
+#include "core/error.h"
+#include "kv/kv_cache.h"
+#include "model/forward.h"
+#include "test.h"
+#include "tiny_model.h"
+
+static lm_backend *g_gpu;
+static uint64_t g_rng = 0xc0dacafeULL;
+
+static double unif(void) { return (double)(tiny_rng(&g_rng) >> 11) * (1.0 / 9007199254740992.0); }
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+enum { K_RANDOM, K_SPREAD, K_TIES, K_NEG_INF, K_FEW_FINITE, K_POS_INF, K_EQUAL, K_NAN, KINDS };
+
+static void make_row(float *row, int64_t n, int kind) {
+    for (int64_t t = 0; t < n; t++) {
+        float v = (float)(unif() * 40.0 - 20.0);
+        switch (kind) {
+        case K_SPREAD: { /* roughly normal, sigma 2: logits crowd into a few exponents */
+            double s = 0;
+            for (int i = 0; i < 4; i++) s += unif() - 0.5;
+            v = (float)(s * 3.4);
+            break;
+        }
+        case K_TIES:
+            v = (float)((int)(unif() * 9.0) - 4) * 0.25f;
+            if (v == 0.0f && unif() < 0.5) v = -0.0f;
+            break;
+        case K_NEG_INF:
+            if (unif() < 0.4) v = -INFINITY;
+            break;
+        case K_FEW_FINITE:
+            if (unif() < 0.995) v = -INFINITY;
+            break;
+        case K_POS_INF:
+            if (unif() < 0.002) v = INFINITY;
+            break;
+        case K_EQUAL: v = -3.0f; break;
+        default: break;
+        }
+        row[t] = v;
+    }
+    if (kind == K_NAN && n > 2) {
+        row[n - 1] = NAN;
+        row[n / 2] = -NAN;
+    }
+}
+
+static void *gpu_upload(const void *h, size_t bytes) {
+    void *d = g_gpu->ops->alloc(g_gpu, bytes);
+    CHECK(d != NULL);
+    if (d) g_gpu->ops->upload(g_gpu, d, h, bytes);
+    return d;
+}
+
+/* n_rows rows of n_vocab through both, compared */
+static void run_case(int64_t n_rows, int64_t n_vocab, int k, bool pinned) {
+    size_t nx = (size_t)(n_rows * n_vocab), nk = (size_t)(n_rows * k);
+    float *x = malloc(sizeof(float) * nx);
+    for (int64_t r = 0; r < n_rows; r++) make_row(x + r * n_vocab, n_vocab, (int)(r % KINDS));
+    int32_t *ids = malloc(sizeof(int32_t) * nk);
+    float *vals = malloc(sizeof(float) * nk), *mx = malloc(sizeof(float) * (size_t)n_rows),
+          *lse = malloc(sizeof(float) * (size_t)n_rows);
+    CHECK(lm_logits_topk_host(x, n_rows, n_vocab, k, ids, vals, mx, lse) == LM_OK);
+    int32_t *gids = pinned ? lm_backend_host_alloc(g_gpu, sizeof(int32_t) * nk) : malloc(sizeof(int32_t) * nk);
+    float *gvals = pinned ? lm_backend_host_alloc(g_gpu, sizeof(float) * nk) : malloc(sizeof(float) * nk);
+    float *gmx = malloc(sizeof(float) * (size_t)n_rows), *glse = malloc(sizeof(float) * (size_t)n_rows);
+    float *d = gpu_upload(x, sizeof(float) * nx);
+    lm_status st = g_gpu->ops->logits_topk(g_gpu, d, n_rows, n_vocab, k, gids, gvals, gmx, glse);
+    if (st) fprintf(stderr, "logits_topk: %s\n", lm_last_error());
+    CHECK(st == LM_OK);
+    int bad = 0;
+    for (int64_t r = 0; st == LM_OK && r < n_rows; r++) {
+        const int32_t *a = ids + r * k, *b = gids + r * k;
+        bool ok;
+        if (isnan(mx[r])) {
+            ok = isnan(gmx[r]) && isnan(glse[r]) && a[0] == b[0];
+        } else {
+            ok = memcmp(a, b, sizeof(int32_t) * (size_t)k) == 0 &&
+                 memcmp(vals + r * k, gvals + r * k, sizeof(float) * (size_t)k) == 0 && mx[r] == gmx[r];
+            if (isinf(lse[r]))
+                ok &= lse[r] == glse[r];
+            else
+                ok &= fabs((double)lse[r] - (double)glse[r]) <= 1e-6 * (1.0 + fabs((double)lse[r]));
+        }
+        if (!ok && bad++ < 3)
+            fprintf(stderr, "  %lld rows x %lld, k %d, row %lld (kind %d): first ids cpu %d gpu %d, max %g/%g, lse %g/%g\n",
+                    (long long)n_rows, (long long)n_vocab, k, (long long)r, (int)(r % KINDS), a[0], b[0],
+                    (double)mx[r], (double)gmx[r], (double)lse[r], (double)glse[r]);
+    }
+    CHECK(bad == 0);
+    /* without log-sum-exp: the same candidates */
+    if (st == LM_OK && n_rows > 0) {
+        CHECK(g_gpu->ops->logits_topk(g_gpu, d, 1, n_vocab, k, gids, gvals, gmx, NULL) == LM_OK);
+        CHECK(isnan(mx[0]) || memcmp(ids, gids, sizeof(int32_t) * (size_t)k) == 0);
+    }
+    g_gpu->ops->free(g_gpu, d);
+    if (pinned) {
+        lm_backend_host_free(g_gpu, gids);
+        lm_backend_host_free(g_gpu, gvals);
+    } else {
+        free(gids), free(gvals);
+    }
+    free(x), free(ids), free(vals), free(mx), free(lse), free(gmx), free(glse);
+}
+
+static void test_op(void) {
+    const int64_t vocabs[] = {1, 3, 100, 1000, 4097, 32000, 151936, 262144};
+    const int ks[] = {1, 2, 8, 64, 100, 256};
+    for (size_t vi = 0; vi < sizeof vocabs / sizeof vocabs[0]; vi++) {
+        int64_t n = vocabs[vi];
+        int64_t rows = n >= 100000 ? 2 * KINDS : 3 * KINDS;
+        for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++)
+            if (ks[ki] <= n) run_case(rows, n, ks[ki], ki % 2 == 0);
+        if (n <= LM_TOPK_MAX) run_case(rows, n, (int)n, true); /* k = n_vocab */
+    }
+    run_case(256, 2048, 64, true); /* many blocks */
+    /* bad arguments */
+    int32_t ids[4];
+    float vals[4], mx;
+    float *d = g_gpu->ops->alloc(g_gpu, 64);
+    CHECK(g_gpu->ops->logits_topk(g_gpu, d, 1, 4, 0, ids, vals, &mx, NULL) == LM_ERR_INVALID_ARG);
+    CHECK(g_gpu->ops->logits_topk(g_gpu, d, 1, 4, 5, ids, vals, &mx, NULL) == LM_ERR_INVALID_ARG);
+    CHECK(g_gpu->ops->logits_topk(g_gpu, d, 0, 4, 2, ids, vals, &mx, NULL) == LM_OK);
+    g_gpu->ops->free(g_gpu, d);
+}
+
+/* lm_forward_topk on the GPU equals the GPU's logits reduced on the host */
+static void test_forward(void) {
+    char dir[] = "/tmp/lumen_topk_cuda_XXXXXX", path[256];
+    if (!mkdtemp(dir)) {
+        CHECK(false);
+        return;
+    }
+    snprintf(path, sizeof path, "%s/tiny.gguf", dir);
+    tiny_spec s = tiny_default(LM_ARCH_LLAMA);
+    tiny_model tm;
+    tiny_build(&tm, s);
+    CHECK(tiny_write_gguf(&tm, path, NULL) == LM_OK);
+    tiny_free(&tm);
+    lm_model_internal *m = NULL;
+    CHECK(lm_model_internal_load(path, g_gpu, &m) == LM_OK);
+    if (m) {
+        enum { N = 6, K = 16, STEPS = 5 };
+        int64_t nv = m->hp.n_vocab;
+        lm_kv_cache *kv1 = NULL, *kv2 = NULL;
+        CHECK(lm_kv_cache_for_model(m, 64, N, LM_DTYPE_F16, &kv1) == LM_OK);
+        CHECK(lm_kv_cache_for_model(m, 64, N, LM_DTYPE_F16, &kv2) == LM_OK);
+        float *logits = malloc(sizeof(float) * (size_t)(N * nv)), mx[N], hmx[N];
+        int32_t ids[N * K], hids[N * K];
+        float vals[N * K], hvals[N * K];
+        for (int step = 0; step < STEPS && kv1 && kv2; step++) {
+            int32_t tok[N], pos[N], seq[N];
+            int8_t want[N];
+            for (int i = 0; i < N; i++) tok[i] = (step * 7 + i * 13) % (int32_t)nv, pos[i] = step, seq[i] = i, want[i] = 1;
+            lm_batch b = {N, tok, pos, seq, want};
+            lm_topk_out out = {K, ids, vals, mx, NULL, NULL, NULL, NULL, NULL};
+            CHECK(lm_forward_topk(m, kv1, &b, &out) == LM_OK);
+            CHECK(lm_forward(m, kv2, &b, logits) == LM_OK);
+            CHECK(lm_logits_topk_host(logits, N, nv, K, hids, hvals, hmx, NULL) == LM_OK);
+            CHECK(memcmp(ids, hids, sizeof ids) == 0 && memcmp(vals, hvals, sizeof vals) == 0);
+            CHECK(memcmp(mx, hmx, sizeof mx) == 0);
+        }
+        free(logits);
+        lm_kv_cache_free(kv1);
+        lm_kv_cache_free(kv2);
+        lm_model_internal_free(m);
+    }
+    unlink(path);
+    rmdir(dir);
+}
+
+/* what the op saves: 256 rows of a 152k vocabulary, reduced vs downloaded */
+static void time_op(void) {
+    const int64_t rows = 256, nv = 151936;
+    const int k = 64, reps = 20;
+    size_t nx = (size_t)(rows * nv);
+    float *x = malloc(sizeof(float) * nx);
+    for (int64_t r = 0; r < rows; r++) make_row(x + r * nv, nv, K_SPREAD);
+    float *d = gpu_upload(x, sizeof(float) * nx);
+    float *host = lm_backend_host_alloc(g_gpu, sizeof(float) * nx);
+    int32_t *ids = lm_backend_host_alloc(g_gpu, sizeof(int32_t) * (size_t)(rows * k));
+    float *vals = lm_backend_host_alloc(g_gpu, sizeof(float) * (size_t)(rows * k));
+    float *mx = lm_backend_host_alloc(g_gpu, sizeof(float) * (size_t)rows);
+    if (d && host && ids && vals && mx) {
+        CHECK(g_gpu->ops->logits_topk(g_gpu, d, rows, nv, k, ids, vals, mx, NULL) == LM_OK); /* warm */
+        double t0 = now_s();
+        for (int i = 0; i < reps; i++) g_gpu->ops->logits_topk(g_gpu, d, rows, nv, k, ids, vals, mx, NULL);
+        double t1 = now_s();
+        for (int i = 0; i < reps; i++) g_gpu->ops->download(g_gpu, host, d, sizeof(float) * nx);
+        double t2 = now_s();
+        printf("256 rows x 151936: logits_topk (k=64) %.3f ms, full download %.3f ms\n", (t1 - t0) * 1e3 / reps,
+               (t2 - t1) * 1e3 / reps);
+    }
+    if (d) g_gpu->ops->free(g_gpu, d);
+    lm_backend_host_free(g_gpu, host);
+    lm_backend_host_free(g_gpu, ids);
+    lm_backend_host_free(g_gpu, vals);
+    lm_backend_host_free(g_gpu, mx);
+    free(x);
+}
+
+int main(void) {
+    /* LUMEN_TEST_TOPK_ON_CPU=1: a CPU backend in the GPU's place (checks the test
+     * itself on a machine without a GPU) */
+    lm_status st = getenv("LUMEN_TEST_TOPK_ON_CPU") ? lm_backend_cpu_create(2, &g_gpu) : lm_backend_cuda_create(0, &g_gpu);
+    if (st == LM_ERR_UNSUPPORTED) {
+        printf("SKIPPED: no CUDA device (%s)\n", lm_last_error());
+        return LM_TEST_SKIP;
+    }
+    if (st) {
+        fprintf(stderr, "lm_backend_cuda_create: %s\n", lm_last_error());
+        return 1;
+    }
+    if (!g_gpu->ops->logits_topk) {
+        fprintf(stderr, "the CUDA backend does not register logits_topk (init_ops in cuda_backend.cu: "
+                        "o->logits_topk = lm_cuda_logits_topk;)\n");
+        lm_backend_free(g_gpu);
+        return 1;
+    }
+    test_op();
+    test_forward();
+    time_op();
+    lm_backend_free(g_gpu);
+    TEST_MAIN_END();
+}
