@@ -6,7 +6,9 @@
 # tokens and decode at 1, 8, 64 and 256 sequences. The full, recorded benchmark with
 # the transformers peer is bench/cuda_bench_run.sh.
 # Environment: LUMEN_QUICK_PAR (default 1,8,64,256), LUMEN_QUICK_GEN (64),
-# LUMEN_QUICK_TESTS=0 skips the op tests.
+# LUMEN_QUICK_TESTS=0 skips the op tests, LUMEN_QUICK_MODELS=hf benches only the bf16
+# folder, LUMEN_QUICK_VARIANTS="A=1 B=2" benches the bf16 folder again once per
+# variable setting (e.g. LUMEN_CUDA_TC_MAX_N=0), for side-by-side comparisons.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${OUT:-$ROOT/cuda-run-out}"
@@ -21,8 +23,14 @@ if [ "${LUMEN_QUICK_TESTS:-1}" != 0 ]; then
   grep -E "FAIL|DIFFER|comparisons|graphs|SKIPPED|rror" "$OUT/ops.log" | head -20
 fi
 lumen_bench_models
-for model in "$HF" "$GGUF"; do
-  echo "=== $(basename "$model")"
-  LUMEN_CUDA_GRAPHS_LOG=1 timeout 200 "$BUILD/lumen" bench "$model" --backend cuda -p 512 -n "${LUMEN_QUICK_GEN:-64}" -r 3 \
+bench_one() { # model, label
+  echo "=== $2"
+  LUMEN_CUDA_GRAPHS_LOG=1 timeout 200 "$BUILD/lumen" bench "$1" --backend cuda -p 512 -n "${LUMEN_QUICK_GEN:-64}" -r 3 \
     --parallel "${LUMEN_QUICK_PAR:-1,8,64,256}" --parallel-prompt 128 2>&1 | tee -a "$OUT/bench.log" | grep -v "^\s*$" | tail -12
+}
+models="$HF"
+[ "${LUMEN_QUICK_MODELS:-all}" = hf ] || models="$HF $GGUF"
+for model in $models; do bench_one "$model" "$(basename "$model")"; done
+for v in ${LUMEN_QUICK_VARIANTS:-}; do
+  (export "${v?}"; bench_one "$HF" "$(basename "$HF") with $v")
 done

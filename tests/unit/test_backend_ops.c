@@ -1,9 +1,10 @@
 /* Every op of the CUDA backend against the CPU reference on random inputs, by
  * normalized error ||gpu - ref|| / ||ref|| with a stated tolerance per op:
- *  - matmul per weight format for n = 1, 3, 16, 130 (both kernel paths) against the
- *    exact product of the decoded weights (double), with the CPU backend's own error
- *    printed beside it; batch invariance within each path (bit-equal rows), and the
- *    difference between the paths measured;
+ *  - matmul per weight format for n = 1, 3, 16, 32, 40, 130, 300 (the matrix-vector,
+ *    the tensor-core and the GEMM paths) against the exact product of the decoded
+ *    weights (double), with the CPU backend's own error printed beside it; batch
+ *    invariance within each path (bit-equal rows), and the difference between the
+ *    paths measured;
  *  - get_rows (bit-exact decoding), rms_norm, add, add_bias, scale, rope (both
  *    pairings, partial rotation, scaled positions), swiglu, geglu;
  *  - kv_store (bit-equal cache contents) and attention over a paged cache with several
@@ -25,8 +26,22 @@
 #include "tiny_model.h"
 
 static lm_backend *g_cpu, *g_gpu, *g_gpu_direct; /* direct: no graphs, no fused ops */
+/* the same pair without the tensor-core products, so batches of 5 or more take
+ * cuBLAS GEMMs (inside recorded graphs too) */
+static lm_backend *g_gpu_gemm, *g_gpu_gemm_direct;
 static uint64_t g_rng = 0x5eed;
-static int64_t g_mv_max_n = 4; /* the CUDA backend's default threshold (LUMEN_CUDA_MV_MAX_N) */
+static int64_t g_mv_max_n = 4;  /* the CUDA backend's defaults: LUMEN_CUDA_MV_MAX_N, */
+static int64_t g_tc_max_n = 32; /* LUMEN_CUDA_TC_MAX_N                               */
+
+enum { PATH_MV, PATH_TC, PATH_GEMM };
+static const char *const k_path_name[] = {"mv", "tc", "gemm"};
+
+/* the backend's choice of kernel for n tokens (cuda_matmul.cu, path_of) */
+static int matmul_path(lm_dtype type, int64_t cols, int64_t n) {
+    if (n <= g_mv_max_n) return PATH_MV;
+    if (n <= g_tc_max_n && type != LM_DTYPE_F32 && cols % 32 == 0) return PATH_TC;
+    return PATH_GEMM;
+}
 static char g_dir[256];
 
 static float frand(void) { return (float)(tiny_rng(&g_rng) >> 40) / (float)(1u << 24) * 2.0f - 1.0f; }
@@ -187,8 +202,8 @@ static void test_matmul_type(lm_dtype type, int64_t rows, int64_t cols, const in
     for (int i = 0; i < n_ns; i++) n_max = ns[i] > n_max ? ns[i] : n_max;
     float *x = fmalloc(n_max * cols);
     fill(x, n_max * cols, 1.0f);
-    float *y1 = NULL, *y_small = NULL, *y_big = NULL;
-    int64_t n_small = 0, n_big = 0;
+    float *y1 = NULL, *y_path[3] = {NULL, NULL, NULL}; /* the largest n of each path */
+    int64_t n_path[3] = {0, 0, 0};
     for (int i = 0; i < n_ns; i++) {
         int64_t n = ns[i];
         double *ref = malloc(sizeof(double) * (size_t)(n * rows));
@@ -201,41 +216,42 @@ static void test_matmul_type(lm_dtype type, int64_t rows, int64_t cols, const in
         float *yg = gpu_matmul(gw, x, n, rows, cols);
         float *yc = fmalloc(n * rows);
         CHECK(g_cpu->ops->matmul(g_cpu, cw, x, n, yc) == LM_OK);
-        bool mv = n <= g_mv_max_n;
+        int path = matmul_path(type, cols, n);
         /* mv: exact f32 on the exactly decoded weights (formats without a device
-         * decoder are stored as f16); GEMM: bf16 activations and weights, f32 sums
-         * (F32 weights: f32 throughout) */
-        double tol = mv ? (type_is_native(type) ? 1e-5 : 2e-3) : type == LM_DTYPE_F32 ? 1e-5 : 1e-2;
+         * decoder are stored as f16); tc and GEMM: bf16 activations and weights, f32
+         * sums (F32 weights: f32 throughout) */
+        double tol = path == PATH_MV   ? (type_is_native(type) ? 1e-5 : 2e-3)
+                     : type == LM_DTYPE_F32 ? 1e-5
+                                            : 1e-2;
         char what[96];
         snprintf(what, sizeof what, "%-6s %5lldx%-5lld n=%-4lld %-4s (cpu %.1e)", lm_dtype_name(type),
-                 (long long)rows, (long long)cols, (long long)n, mv ? "mv" : "gemm", nerr_d(yc, ref, n * rows));
+                 (long long)rows, (long long)cols, (long long)n, k_path_name[path], nerr_d(yc, ref, n * rows));
         report("matmul", what, nerr_d(yg, ref, n * rows), tol);
         if (n == 1) y1 = yg, yg = NULL;
-        else if (mv && n > n_small) free(y_small), y_small = yg, n_small = n, yg = NULL;
-        else if (!mv && n > n_big) free(y_big), y_big = yg, n_big = n, yg = NULL;
+        else if (n > n_path[path]) free(y_path[path]), y_path[path] = yg, n_path[path] = n, yg = NULL;
         free(yg), free(yc), free(ref);
     }
     /* batch invariance: the first tokens of a smaller call within each path */
     for (int i = 0; i < n_ns; i++) {
         int64_t n = ns[i];
-        if (n == 1 || n == n_small || n == n_big) continue;
+        int path = matmul_path(type, cols, n);
+        if (n == 1 || n == n_path[path] || !y_path[path]) continue;
         float *yg = gpu_matmul(gw, x, n, rows, cols);
-        bool mv = n <= g_mv_max_n;
-        const float *big = mv ? y_small : y_big;
-        if (big && !bit_equal(yg, big, n * rows)) {
-            fprintf(stderr, "%s n=%lld: results differ from the same tokens in a batch of %lld\n",
-                    lm_dtype_name(type), (long long)n, (long long)(mv ? n_small : n_big));
+        if (!bit_equal(yg, y_path[path], n * rows)) {
+            fprintf(stderr, "%s n=%lld: results differ from the same tokens in a batch of %lld (%s)\n",
+                    lm_dtype_name(type), (long long)n, (long long)n_path[path], k_path_name[path]);
             CHECK(false);
         }
         free(yg);
     }
-    if (y1 && y_small) CHECK(bit_equal(y1, y_small, rows)); /* n=1 inside the mv path */
-    if (y1 && y_big) {
-        double d = nerr(y_big, y1, rows);
-        printf("  %-10s %-40s %s%.2e\n", "invariance", lm_dtype_name(type),
-               "token 0 at n=1 (mv) vs in a GEMM batch: nerr ", d);
+    int p1 = matmul_path(type, cols, 1);
+    if (y1 && y_path[p1]) CHECK(bit_equal(y1, y_path[p1], rows)); /* n=1 inside its path */
+    if (y1 && y_path[PATH_GEMM]) {
+        double d = nerr(y_path[PATH_GEMM], y1, rows);
+        printf("  %-10s %-40s token 0 at n=1 (%s) vs in a GEMM batch: nerr %.2e\n", "invariance",
+               lm_dtype_name(type), k_path_name[p1], d);
     }
-    free(y1), free(y_small), free(y_big), free(x);
+    free(y1), free(y_path[0]), free(y_path[1]), free(y_path[2]), free(x);
     g_gpu->ops->weight_free(g_gpu, gw);
     g_cpu->ops->weight_free(g_cpu, cw);
     free_weight(&w);
@@ -246,14 +262,14 @@ static void test_matmul(void) {
                                      LM_DTYPE_Q5_0, LM_DTYPE_Q5_1, LM_DTYPE_Q8_0, LM_DTYPE_Q2_K, LM_DTYPE_Q3_K,
                                      LM_DTYPE_Q4_K, LM_DTYPE_Q5_K, LM_DTYPE_Q6_K, LM_DTYPE_Q8_1, LM_DTYPE_Q8_K,
                                      LM_DTYPE_AFFINE};
-    static const int64_t ns[] = {1, 3, 16, 130, 40};
-    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) test_matmul_type(types[i], 200, 512, ns, 5);
+    static const int64_t ns[] = {1, 3, 16, 130, 40, 300, 32};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) test_matmul_type(types[i], 200, 512, ns, 7);
     if (getenv("LUMEN_TEST_OPS_QUICK")) return; /* under compute-sanitizer */
     /* long rows (several warps per row), and more rows than one GEMM tile */
-    static const int64_t ns2[] = {1, 130};
-    test_matmul_type(LM_DTYPE_Q4_K, 96, 8960, ns2, 2);
-    test_matmul_type(LM_DTYPE_Q6_K, 16500, 512, ns2, 2);
-    test_matmul_type(LM_DTYPE_BF16, 16500, 256, ns2, 2);
+    static const int64_t ns2[] = {1, 24, 300};
+    test_matmul_type(LM_DTYPE_Q4_K, 96, 8960, ns2, 3);
+    test_matmul_type(LM_DTYPE_Q6_K, 16500, 512, ns2, 3);
+    test_matmul_type(LM_DTYPE_BF16, 16500, 256, ns2, 3);
 }
 
 static void test_get_rows(void) {
@@ -488,9 +504,9 @@ static void run_attention_case(const attn_case *ac) {
                  (long long)ac->window, (long long)n);
         /* the F16 reference rounds the softmax weights to f16; we keep them f32 */
         report("attention", what, nerr(got, ref, n * d_q), ac->type == LM_DTYPE_F16 ? 2e-3 : 1e-5);
-        /* batches of more than mv_max_n tokens in runs take the tensor-core kernel
-         * for F16 caches and head sizes 64/128/256 (cuda_attention_tc.cu) */
-        bool tc = bi == 1 && ac->type == LM_DTYPE_F16 && n > g_mv_max_n &&
+        /* batches of more than 4 (and mv_max_n) tokens in runs take the tensor-core
+         * kernel for F16 caches and head sizes 64/128/256 (cuda_attention_tc.cu) */
+        bool tc = bi == 1 && ac->type == LM_DTYPE_F16 && n > 4 && n > g_mv_max_n &&
                   (ac->hd == 64 || ac->hd == 128 || ac->hd == 256);
         if (bi == 0) {
             dec_q = q, dec_out = got, q = got = NULL;
@@ -591,24 +607,33 @@ static void run_parallel_steps(lm_model_internal *m, lm_dtype kv_type, int n_seq
 
 /* Decode steps replayed from CUDA graphs, with the fused qkv_finish op, equal the
  * same steps launched op by op with the separate ops, bit for bit. */
-static void test_graphs_equal_direct(const char *path, lm_dtype kv_type, const char *what) {
-    lm_model_internal *mg = load_model(g_gpu, path), *md = load_model(g_gpu_direct, path);
-    if (!mg || !md) return;
-    int64_t V = mg->hp.n_vocab;
+static bool graphs_equal_direct(lm_backend *graphs, lm_backend *direct, const char *path, lm_dtype kv_type) {
+    lm_model_internal *mg = load_model(graphs, path), *md = load_model(direct, path);
+    bool same = mg && md;
+    int64_t V = same ? mg->hp.n_vocab : 1;
     float *a = fmalloc(E2E_TOK * MAX_PAR_SEQ * V), *b = fmalloc(E2E_TOK * MAX_PAR_SEQ * V);
-    bool same = true;
-    /* 1 and 3 sequences: matrix-vector products; 6: GEMMs (cuBLAS inside the graph) */
     static const int k_n_seq[] = {1, 3, 6};
-    for (size_t c = 0; c < sizeof k_n_seq / sizeof k_n_seq[0]; c++) {
+    for (size_t c = 0; same && c < sizeof k_n_seq / sizeof k_n_seq[0]; c++) {
         const int n_seq = k_n_seq[c];
         run_parallel_steps(mg, kv_type, n_seq, a);
         run_parallel_steps(md, kv_type, n_seq, b);
         same = same && bit_equal(a, b, E2E_TOK * n_seq * V);
     }
-    printf("  %-10s %-40s %s\n", "graphs", what, same ? "graphs + fused == op by op (bit-equal)" : "DIFFER");
-    CHECK(same);
     free(a), free(b);
-    lm_model_internal_free(mg), lm_model_internal_free(md);
+    if (mg) lm_model_internal_free(mg);
+    if (md) lm_model_internal_free(md);
+    return same;
+}
+
+/* 1 and 3 sequences: matrix-vector products; 6: tensor-core products (F32 weights:
+ * GEMMs), and GEMMs on the backends without the tensor-core path. */
+static void test_graphs_equal_direct(const char *path, lm_dtype kv_type, const char *what) {
+    bool same = graphs_equal_direct(g_gpu, g_gpu_direct, path, kv_type);
+    bool same_gemm = graphs_equal_direct(g_gpu_gemm, g_gpu_gemm_direct, path, kv_type);
+    printf("  %-10s %-40s %s\n", "graphs", what,
+           same && same_gemm ? "graphs + fused == op by op (bit-equal)" : "DIFFER");
+    CHECK(same);
+    CHECK(same_gemm);
 }
 
 static int64_t argmax_row(const float *x, int64_t n) {
@@ -667,7 +692,7 @@ static void test_e2e(lm_backend *gpu_exact, lm_arch arch, lm_dtype type, lm_dtyp
 
     /* batch invariance on the GPU: sequence 0 alone vs interleaved with another */
     run_interleaved(mg, kv_type, 1, alone);
-    bool same_path = (E2E_TOK <= g_mv_max_n) == (n <= g_mv_max_n);
+    bool same_path = matmul_path(type, 32, E2E_TOK) == matmul_path(type, 32, n);
     bool inv = true;
     for (int i = 0; i < E2E_TOK; i++) inv = inv && bit_equal(alone + i * V, gpu + (2 * i) * V, V);
     if (same_path) CHECK(inv);
@@ -719,10 +744,18 @@ int main(void) {
         fprintf(stderr, "lm_backend_cuda_create: %s\n", lm_last_error());
         return 1;
     }
-    const char *mv = getenv("LUMEN_CUDA_MV_MAX_N");
-    if (mv && atoll(mv) > 0) g_mv_max_n = atoll(mv);
+    const char *mv = getenv("LUMEN_CUDA_MV_MAX_N"), *tc = getenv("LUMEN_CUDA_TC_MAX_N");
+    if (mv && mv[0] && atoll(mv) >= 0) g_mv_max_n = atoll(mv);
+    if (tc && tc[0] && atoll(tc) >= 0) g_tc_max_n = atoll(tc);
+    char tc_env[32];
+    snprintf(tc_env, sizeof tc_env, "%s", tc ? tc : "");
+    setenv("LUMEN_CUDA_TC_MAX_N", "0", 1);
+    CHECK(create_gpu(&g_gpu_gemm) == LM_OK);
     setenv("LUMEN_CUDA_GRAPHS", "0", 1);
     setenv("LUMEN_CUDA_FUSED", "0", 1);
+    CHECK(create_gpu(&g_gpu_gemm_direct) == LM_OK);
+    if (tc_env[0]) setenv("LUMEN_CUDA_TC_MAX_N", tc_env, 1);
+    else unsetenv("LUMEN_CUDA_TC_MAX_N");
     CHECK(create_gpu(&g_gpu_direct) == LM_OK);
     unsetenv("LUMEN_CUDA_GRAPHS");
     unsetenv("LUMEN_CUDA_FUSED");
@@ -730,7 +763,8 @@ int main(void) {
     snprintf(g_dir, sizeof g_dir, "/tmp/lumen_backend_ops_XXXXXX");
     CHECK(mkdtemp(g_dir) != NULL);
     /* the model tests set LUMEN_CUDA_MV_MAX_N for a second backend: read ours first */
-    printf("CUDA backend vs CPU reference (matrix-vector path up to n=%lld)\n", (long long)g_mv_max_n);
+    printf("CUDA backend vs CPU reference (exact matrix-vector path up to n=%lld, tensor cores up to %lld)\n",
+           (long long)g_mv_max_n, (long long)g_tc_max_n);
     test_memory();
     test_get_rows();
     test_matmul();
@@ -743,6 +777,8 @@ int main(void) {
     printf("%d comparisons, %d over tolerance\n", g_n_checks, g_n_bad);
     lm_backend_free(g_gpu);
     lm_backend_free(g_gpu_direct);
+    lm_backend_free(g_gpu_gemm);
+    lm_backend_free(g_gpu_gemm_direct);
     lm_backend_free(g_cpu);
     TEST_MAIN_END();
 }

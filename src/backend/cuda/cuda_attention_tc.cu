@@ -14,9 +14,10 @@
  * around a token, within this path; they differ from the scalar kernel's (used for
  * decode and small batches) by f16 rounding of the weights, ~1e-3 relative.
  *
- * Used for unrecorded passes of more than mv_max_n tokens with an F16 cache of block
- * size 16 and head sizes 64, 128 or 256, when tokens come in runs (tiles of 4 or
- * more tokens on average); anything else takes the scalar kernel. */
+ * Used for unrecorded passes of more than 4 tokens (and more than mv_max_n, the exact
+ * mode's threshold) with an F16 cache of block size 16 and head sizes 64, 128 or 256,
+ * when tokens come in runs (tiles of 4 or more tokens on average); anything else
+ * takes the scalar kernel. */
 #include "backend/cuda/cuda_internal.cuh"
 
 enum { TC_ROWS = 16 };
@@ -182,7 +183,7 @@ bool lm_cuda_attention_tc(lm_cuda_backend *cu, const lm_kv_cache *kv, int64_t la
                           const int32_t *meta, const float *q, int64_t n_head, int64_t n_head_kv, int64_t head_dim,
                           int64_t window, float scale, float *out) {
     const int64_t n = batch->n_tokens;
-    if (lm_cuda_recorded_pass(cu) || n <= cu->mv_max_n || kv->type != LM_DTYPE_F16 || kv->block_size != TC_ROWS ||
+    if (lm_cuda_recorded_pass(cu) || n <= 4 || n <= cu->mv_max_n || kv->type != LM_DTYPE_F16 || kv->block_size != TC_ROWS ||
         (head_dim != 64 && head_dim != 128 && head_dim != 256) || n > INT32_MAX / 2)
         return false;
     const int64_t n_tiles = make_tiles(cu, batch);

@@ -594,8 +594,10 @@ extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
      * 512-token prefill measured slower than direct launches (cause not established) */
     const char *rec = getenv("LUMEN_CUDA_RECORD_MAX_N");
     cu->record_max_n = rec && atoll(rec) > 0 ? atoll(rec) : 256;
-    const char *mv = getenv("LUMEN_CUDA_MV_MAX_N");
-    cu->mv_max_n = mv && atoll(mv) > 0 ? atoll(mv) : 4;
+    const char *mv = getenv("LUMEN_CUDA_MV_MAX_N"); /* exact f32 products up to this many tokens */
+    cu->mv_max_n = mv && mv[0] && atoll(mv) >= 0 ? atoll(mv) : 4;
+    const char *tc = getenv("LUMEN_CUDA_TC_MAX_N"); /* tensor-core products up to this many */
+    cu->tc_max_n = tc && tc[0] && atoll(tc) >= 0 ? atoll(tc) : 32;
     const char *chunk = getenv("LUMEN_CUDA_GEMM_CHUNK");
     cu->gemm_chunk = chunk && atoll(chunk) >= 16 && atoll(chunk) <= 4096 ? atoll(chunk) / 16 * 16 : 256;
     lm_status st = LM_OK;

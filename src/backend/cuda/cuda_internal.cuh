@@ -75,8 +75,9 @@ typedef struct lm_cuda_backend {
     lm_cuda_meta meta[LM_CUDA_META_COUNT];
     void *scr[LM_CUDA_SCR_COUNT];
     size_t scr_cap[LM_CUDA_SCR_COUNT];
-    int64_t mv_max_n;  /* matmul: matrix-vector kernel up to this many tokens   */
-    int64_t gemm_chunk; /* matmul: tokens per GEMM above mv_max_n (padded)      */
+    int64_t mv_max_n;  /* matmul: exact f32 matrix-vector kernel up to this many tokens */
+    int64_t tc_max_n;  /* matmul: tensor-core kernel up to this many tokens     */
+    int64_t gemm_chunk; /* matmul: tokens per GEMM above both (padded)          */
     /* attention metadata built on the host: [pos: n][table offset: n][tables] */
     int32_t *attn_host;
     size_t attn_host_cap;

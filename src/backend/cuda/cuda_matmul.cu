@@ -1,60 +1,51 @@
 /* y[t][r] = sum_k W[r][k] * x[t][k] over weights in any device format.
  *
- * Two paths, chosen by the token count n against a fixed threshold (mv_max_n, 4
- * unless LUMEN_CUDA_MV_MAX_N says otherwise; measured on the H200 with a 1.5B bf16
- * model, decode of 8 and 16 sequences ran at 1,350 and 1,769 tokens/s on this path
- * and at 1,830 and 3,754 on the GEMM path, 2 and 4 sequences alike on both):
+ * Three paths, chosen by the token count n and the weight (path_of), never by the
+ * other tokens of the batch. The thresholds were measured on the H200 with a 1.5B
+ * bf16 model (bench/cuda_quick_run.sh, decode tokens/s at 1 / 8 / 64 / 256
+ * sequences): matrix-vector 420 at 1; tensor cores 357 / 2,570 / 9,455 / 13,204;
+ * GEMM 1,895 at 8, 11,920 at 64, 25,793 at 256.
  *
- *  - matrix-vector (n <= mv_max_n: decode): a row per warp (or per 2-4 warps when the
- *    row is long), the weight decoded on the fly eight elements per lane (deq8), f32
- *    fused multiply-adds against up to 8 tokens at once while the decoded weights sit
- *    in registers. Exact f32 arithmetic on the exactly decoded weights. A token's
- *    result never depends on the other tokens: each has its own accumulator and the
- *    same summation order (lane partials in k order, a fixed butterfly, then the
- *    row's warps in index order), whatever the group it is computed in.
+ *  - matrix-vector (n <= mv_max_n, 4 unless LUMEN_CUDA_MV_MAX_N says otherwise):
+ *    decode of a few sequences. A row per warp (or per 2-4 warps when the row is
+ *    long), the weight decoded on the fly eight elements per lane (deq8), f32 fused
+ *    multiply-adds against up to 8 tokens at once while the decoded weights sit in
+ *    registers. Exact f32 arithmetic on the exactly decoded weights. A token's result
+ *    never depends on the other tokens: each has its own accumulator and the same
+ *    summation order (lane partials in k order, a fixed butterfly, then the row's
+ *    warps in index order), whatever the group it is computed in.
+ *    LUMEN_CUDA_MV_MAX_N=1000000000 sends every product here: every product exact
+ *    f32, bit batch-invariant, slower.
  *
- *  - GEMM (n > mv_max_n: prefill, large batches): weight rows decoded to bf16 a tile
+ *  - tensor cores (n <= tc_max_n, 32 unless LUMEN_CUDA_TC_MAX_N says otherwise; every
+ *    format but F32, widths a multiple of 32): decode of 5-32 sequences.
+ *    cuda_matmul_tc.cu: weights decoded in registers, bf16 activations, f32 sums,
+ *    bit batch-invariant for every n it serves (LUMEN_CUDA_MV_MAX_N=0 with
+ *    LUMEN_CUDA_TC_MAX_N=256 makes every decode batch up to 256 take it: decode
+ *    invariant across batch sizes, at the cost the figures above show).
+ *
+ *  - GEMM (larger n: prefill, large batches): weight rows decoded to bf16 a tile
  *    at a time (F32 weights: cublasSgemm on the weights in place; BF16: used in
  *    place), activations rounded to bf16, cuBLAS with f32 accumulation. Tokens go
  *    through GEMMs of exactly gemm_chunk columns (the last one zero-padded) into a
  *    scratch buffer, so every token sees the same GEMM shape, the same algorithm and
  *    the same pointer alignments whatever the batch: batch-invariant within the path.
  *    gemm_chunk is 256 (LUMEN_CUDA_GEMM_CHUNK): measured on the H200 with a 1.5B
- *    model, 128 / 256 / 512 gave prefill of 512 tokens 33k / 45k / 54k tokens/s and
- *    decode of 64 sequences 12.4k / 12.0k / 9.6k, of 256 22.0k / 25.8k / 23.6k.
+ *    model, 128 / 256 / 512 gave prefill of 512 tokens 33k / 45k / 54k tokens/s.
  *
- * matmul_many (Q/K/V, gate/up: products of one input): on the matrix-vector path the
- * weights of one format are one launch over their concatenated rows (each row computed
- * exactly as matmul computes it: the warps per row depend on the column count only,
- * which the weights share); on the GEMM path the activations are rounded to bf16 once
- * for all weights. Bit-identical to separate matmul calls, in fewer launches.
+ * matmul_many (Q/K/V, gate/up: products of one input): on the tensor-core and
+ * matrix-vector paths the weights of one format are one launch over their
+ * concatenated rows (each row computed exactly as matmul computes it: the kernels'
+ * split of a row depends on the column count only, which the weights share); on the
+ * GEMM path the activations are rounded to bf16 once for all weights. Bit-identical
+ * to separate matmul calls, in fewer launches.
  *
- * The two paths round differently (bf16 activations vs f32), so a token computed in a
- * decode step and the same token inside a large batch agree to about 1e-3, not to the
- * bit. LUMEN_CUDA_MV_MAX_N=1000000000 makes every product take the exact path (bit
- * batch-invariant, slower prefill). */
-#include <string.h>
+ * The paths round differently (f32 activations on the matrix-vector path, bf16 on
+ * the others, which also sum in different orders), so a token decoded alone and the
+ * same token inside a larger batch agree to about 1e-3, not to the bit. */
+#include "backend/cuda/cuda_matmul.cuh"
 
-#include "backend/cuda/cuda_dequant.cuh"
-
-enum { MV_THREADS = 128, MV_MAX_NT = 8, MV_MAX_SET = 4 };
-
-/* Up to MV_MAX_SET weights of one format and column count, their rows concatenated:
- * global row r belongs to the first weight k with r < end[k]. A kernel parameter read
- * in place (__grid_constant__), so indexing it by k costs no local copy. */
-typedef struct mv_set {
-    const uint8_t *W[MV_MAX_SET];
-    float *y[MV_MAX_SET];
-    size_t row_bytes[MV_MAX_SET];
-    int rows[MV_MAX_SET], end[MV_MAX_SET];
-    int n_w;
-} mv_set;
-
-__device__ __forceinline__ int mv_which(const mv_set &s, int row) {
-    int k = 0;
-    while (k + 1 < s.n_w && row >= s.end[k]) k++;
-    return k;
-}
+enum { MV_THREADS = 128, MV_MAX_NT = 8 };
 
 template <int T, int NT>
 __global__ void __launch_bounds__(MV_THREADS)
@@ -127,18 +118,8 @@ static int mv_warps_per_row(int64_t n_chunks) { return n_chunks >= 1024 ? 4 : n_
 template <int T>
 static void launch_mv(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, const float *x, int64_t n,
                       float *const *y) {
-    mv_set set;
-    memset(&set, 0, sizeof set);
-    int rows_all = 0;
-    for (int k = 0; k < n_w; k++) {
-        set.W[k] = (const uint8_t *)w[k]->data;
-        set.y[k] = y[k];
-        set.row_bytes[k] = w[k]->row_bytes;
-        set.rows[k] = (int)w[k]->rows;
-        rows_all += (int)w[k]->rows;
-        set.end[k] = rows_all;
-    }
-    set.n_w = n_w;
+    const mv_set set = mv_set_of(w, n_w, y);
+    const int rows_all = set.end[n_w - 1];
     int n_chunks = (int)(w[0]->cols / 8), wpr = mv_warps_per_row(n_chunks);
     int rpb = (MV_THREADS / 32) / wpr;
     dim3 block(MV_THREADS);
@@ -308,15 +289,30 @@ static lm_status matmul_begin(lm_cuda_backend *cu, const float *x) {
     return LM_OK;
 }
 
+typedef enum { PATH_MV, PATH_TC, PATH_GEMM } matmul_path;
+
+/* The kernel of n tokens through w: a function of the backend's settings, the weight
+ * and n only (so of no other token in the batch). */
+static matmul_path path_of(const lm_cuda_backend *cu, const lm_weight *w, int64_t n) {
+    if (n <= cu->mv_max_n) return PATH_MV;
+    if (n <= cu->tc_max_n && lm_cuda_tc_supports(w)) return PATH_TC;
+    return PATH_GEMM;
+}
+
 extern "C" lm_status lm_cuda_matmul(lm_backend *b, const lm_weight *w, const float *x, int64_t n, float *y) {
     lm_cuda_backend *cu = lm_cuda(b);
     lm_status st = matmul_begin(cu, x);
     if (st || n <= 0 || lm_cuda_replaying(cu)) return st;
-    if (n <= cu->mv_max_n) {
+    switch (path_of(cu, w, n)) {
+    case PATH_MV:
         if ((st = mv_dispatch(cu, &w, 1, x, n, &y))) return st;
-    } else {
+        break;
+    case PATH_TC: lm_cuda_matmul_tc(cu, &w, 1, x, n, &y); break;
+    case PATH_GEMM: {
         const void *xs = gemm_prepare_x(cu, w->type == LM_DTYPE_F32, x, n, w->cols);
         if (xs) gemm_run(cu, w, xs, n, y);
+        break;
+    }
     }
     return lm_cuda_recorded_pass(cu) ? LM_OK : lm_cuda_take_error(cu);
 }
@@ -330,29 +326,28 @@ extern "C" lm_status lm_cuda_matmul_many(lm_backend *b, const lm_weight *const *
         if (w[i]->cols != w[0]->cols)
             return lm_error(LM_ERR_INVALID_ARG, "matmul_many: weights of %lld and %lld columns share one input",
                             (long long)w[0]->cols, (long long)w[i]->cols);
-    if (n <= cu->mv_max_n) {
-        /* one launch per run of consecutive weights of one format (Q/K in Q4_K and V in
-         * Q6_K make two) */
-        for (int i = 0; i < n_w;) {
-            int j = i + 1;
-            while (j < n_w && j - i < MV_MAX_SET && w[j]->type == w[i]->type) j++;
+    /* one launch per run of consecutive weights of one format (Q/K in Q4_K and V in
+     * Q6_K make two); on the GEMM path the activations are rounded once for every
+     * weight of the same kind (F32 weights take them in f32) */
+    const void *xs = NULL;
+    int kind = -1;
+    for (int i = 0; i < n_w && !cu->err;) {
+        int j = i + 1;
+        while (j < n_w && j - i < MV_MAX_SET && w[j]->type == w[i]->type) j++;
+        switch (path_of(cu, w[i], n)) {
+        case PATH_MV:
             if ((st = mv_dispatch(cu, w + i, j - i, x, n, y + i))) return st;
-            if (cu->err) break;
-            i = j;
-        }
-    } else {
-        /* the activations rounded once for every weight of the same kind (F32 weights
-         * take them in f32) */
-        const void *xs = NULL;
-        int kind = -1;
-        for (int i = 0; i < n_w && !cu->err; i++) {
-            int k = w[i]->type == LM_DTYPE_F32;
-            if (k != kind) {
-                xs = gemm_prepare_x(cu, k, x, n, w[i]->cols);
-                kind = k;
+            break;
+        case PATH_TC: lm_cuda_matmul_tc(cu, w + i, j - i, x, n, y + i); break;
+        case PATH_GEMM:
+            for (int k = i; k < j && !cu->err; k++) {
+                int f32 = w[k]->type == LM_DTYPE_F32;
+                if (f32 != kind) xs = gemm_prepare_x(cu, f32, x, n, w[k]->cols), kind = f32;
+                if (xs) gemm_run(cu, w[k], xs, n, y[k]);
             }
-            if (xs) gemm_run(cu, w[i], xs, n, y[i]);
+            break;
         }
+        i = j;
     }
     return lm_cuda_recorded_pass(cu) ? LM_OK : lm_cuda_take_error(cu);
 }

@@ -1,0 +1,52 @@
+/* What the matrix-product kernels share: a set of weights of one format and column
+ * count whose rows are concatenated, so Q/K/V or gate/up take one launch. */
+#ifndef LM_BACKEND_CUDA_MATMUL_CUH
+#define LM_BACKEND_CUDA_MATMUL_CUH
+
+#include <string.h>
+
+#include "backend/cuda/cuda_dequant.cuh"
+
+enum { MV_MAX_SET = 4 };
+
+/* Up to MV_MAX_SET weights of one format and column count, their rows concatenated:
+ * global row r belongs to the first weight k with r < end[k]. A kernel parameter read
+ * in place (__grid_constant__), so indexing it by k costs no local copy. */
+typedef struct mv_set {
+    const uint8_t *W[MV_MAX_SET];
+    float *y[MV_MAX_SET];
+    size_t row_bytes[MV_MAX_SET];
+    int rows[MV_MAX_SET], end[MV_MAX_SET];
+    int n_w;
+} mv_set;
+
+__device__ __forceinline__ int mv_which(const mv_set &s, int row) {
+    int k = 0;
+    while (k + 1 < s.n_w && row >= s.end[k]) k++;
+    return k;
+}
+
+/* The set of w[0..n_w) writing to y[0..n_w). */
+static inline mv_set mv_set_of(const lm_weight *const *w, int n_w, float *const *y) {
+    mv_set set;
+    memset(&set, 0, sizeof set);
+    int rows_all = 0;
+    for (int k = 0; k < n_w; k++) {
+        set.W[k] = (const uint8_t *)w[k]->data;
+        set.y[k] = y[k];
+        set.row_bytes[k] = w[k]->row_bytes;
+        set.rows[k] = (int)w[k]->rows;
+        rows_all += (int)w[k]->rows;
+        set.end[k] = rows_all;
+    }
+    set.n_w = n_w;
+    return set;
+}
+
+/* The tensor-core path (cuda_matmul_tc.cu): y = W x for the n tokens of x, W of a
+ * format tc_supports() accepts. Errors are recorded on the backend. */
+bool lm_cuda_tc_supports(const lm_weight *w);
+void lm_cuda_matmul_tc(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, const float *x, int64_t n,
+                       float *const *y);
+
+#endif
