@@ -159,8 +159,8 @@ static bool need_full(void *user, int64_t row) {
 static lm_status ctx_feed(lm_context *ctx, lm_request *r, const int32_t *tokens, int64_t n) {
     for (int64_t i = 0; i < n; i++) ctx->pos[i] = (int32_t)(ctx->n_tokens + i);
     ctx->have_cands = lm_gen_candidates_ok(&r->gen, ctx->cand_k);
-    lm_topk_out out = {ctx->cand_k, ctx->cand_ids, ctx->cand_vals, ctx->cand_max, NULL,
-                       need_full,   r,             ctx->logits,    &ctx->cand_full};
+    lm_topk_out out = {.k = ctx->cand_k, .ids = ctx->cand_ids, .vals = ctx->cand_vals, .row_max = ctx->cand_max,
+                       .need_full = need_full, .user = r, .full = ctx->logits, .fetched = &ctx->cand_full};
     lm_status st = ctx->have_cands ? lm_model_forward_topk(ctx->model, ctx->kv, tokens, ctx->pos, ctx->seq, n, &out)
                                    : lm_model_forward(ctx->model, ctx->kv, tokens, ctx->pos, ctx->seq, n, ctx->logits);
     if (st) {
