@@ -109,6 +109,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
     attn_kernel(const int32_t *__restrict__ meta, int n, int n_head, int group, int hd, int64_t d_kv, int bs,
                 const void *__restrict__ K, const void *__restrict__ V, const float *__restrict__ q, int64_t window,
                 float scale, int max_splits, float *__restrict__ out, float *__restrict__ part) {
+    lm_pdl_enter();
     __shared__ float q_sh[ATT_WARPS][ATT_MAX_HD];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t item = (int64_t)blockIdx.x * ATT_WARPS + warp;
@@ -197,6 +198,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
 /* merges the splits of the tokens that have more than one, in split order */
 __global__ void attn_combine_kernel(const int32_t *__restrict__ meta, int n, int n_head, int hd, int64_t window,
                                     int max_splits, const float *__restrict__ part, float *__restrict__ out) {
+    lm_pdl_enter();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t item = (int64_t)blockIdx.x * ATT_WARPS + warp;
     if (item >= (int64_t)n * n_head) return;
@@ -273,9 +275,8 @@ extern "C" lm_status lm_cuda_attention(lm_backend *b, const lm_kv_cache *kv, int
     const int group = (int)(n_head / n_head_kv);
     const bool f16 = kv->type == LM_DTYPE_F16;
 #define LM_ATTN(F, H)                                                                                                  \
-    attn_kernel<F, H><<<grid, ATT_WARPS * 32, 0, cu->stream>>>(meta, (int)n, (int)n_head, group, (int)head_dim, d_kv, \
-                                                             (int)kv->block_size, K, V, q, window, scale, max_splits,  \
-                                                             out, part)
+    lm_cuda_launch(cu, attn_kernel<F, H>, grid, ATT_WARPS * 32, meta, (int)n, (int)n_head, group, (int)head_dim, d_kv, \
+                   (int)kv->block_size, K, V, q, window, scale, max_splits, out, part)
     switch (head_dim) { /* the real models' head sizes unrolled; others at run time */
     case 64: f16 ? LM_ATTN(true, 64) : LM_ATTN(false, 64); break;
     case 128: f16 ? LM_ATTN(true, 128) : LM_ATTN(false, 128); break;
@@ -285,8 +286,8 @@ extern "C" lm_status lm_cuda_attention(lm_backend *b, const lm_kv_cache *kv, int
 #undef LM_ATTN
     if (!lm_cuda_launched(cu, "attn_kernel")) return in_pass ? LM_OK : lm_cuda_take_error(cu);
     if (max_splits > 1) {
-        attn_combine_kernel<<<grid.x, ATT_WARPS * 32, 0, cu->stream>>>(meta, (int)n, (int)n_head, (int)head_dim,
-                                                                         window, max_splits, part, out);
+        lm_cuda_launch(cu, attn_combine_kernel, grid.x, ATT_WARPS * 32, meta, (int)n, (int)n_head, (int)head_dim,
+                       window, max_splits, part, out);
         lm_cuda_launched(cu, "attn_combine_kernel");
     }
     return in_pass ? LM_OK : lm_cuda_take_error(cu);

@@ -51,6 +51,7 @@ __global__ void __launch_bounds__(32)
     attn_tc_kernel(const int32_t *__restrict__ meta, const int32_t *__restrict__ tiles, int n, int n_head, int group,
                    int64_t d_kv, const __half *__restrict__ K, const __half *__restrict__ V,
                    const float *__restrict__ q, int64_t window, float scale, float *__restrict__ out) {
+    lm_pdl_enter();
     const int lane = threadIdx.x, h = blockIdx.y, hk = h / group, g = lane >> 2, c2 = 2 * (lane & 3);
     const int t0 = tiles[2 * blockIdx.x], cnt = tiles[2 * blockIdx.x + 1];
     /* this thread's two query rows g and g + 8: position and window start */
@@ -199,16 +200,16 @@ bool lm_cuda_attention_tc(lm_cuda_backend *cu, const lm_kv_cache *kv, int64_t la
     const int group = (int)(n_head / n_head_kv);
     switch (head_dim) {
     case 64:
-        attn_tc_kernel<64><<<grid, 32, 0, cu->stream>>>(meta, tiles, (int)n, (int)n_head, group, d_kv, K, V, q,
-                                                        window, scale, out);
+        lm_cuda_launch(cu, attn_tc_kernel<64>, grid, 32, meta, tiles, (int)n, (int)n_head, group, d_kv, K, V, q, window,
+                       scale, out);
         break;
     case 128:
-        attn_tc_kernel<128><<<grid, 32, 0, cu->stream>>>(meta, tiles, (int)n, (int)n_head, group, d_kv, K, V, q,
-                                                         window, scale, out);
+        lm_cuda_launch(cu, attn_tc_kernel<128>, grid, 32, meta, tiles, (int)n, (int)n_head, group, d_kv, K, V, q,
+                       window, scale, out);
         break;
     default:
-        attn_tc_kernel<256><<<grid, 32, 0, cu->stream>>>(meta, tiles, (int)n, (int)n_head, group, d_kv, K, V, q,
-                                                         window, scale, out);
+        lm_cuda_launch(cu, attn_tc_kernel<256>, grid, 32, meta, tiles, (int)n, (int)n_head, group, d_kv, K, V, q,
+                       window, scale, out);
         break;
     }
     lm_cuda_launched(cu, "attn_tc_kernel");

@@ -548,6 +548,7 @@ static void init_ops(void) {
     o->attention = lm_cuda_attention;
     o->pass_begin = lm_cuda_pass_begin;
     o->pass_end = lm_cuda_pass_end;
+    o->logits_topk = lm_cuda_logits_topk;
 }
 
 extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
@@ -590,6 +591,8 @@ extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
     snprintf(cu->name, sizeof cu->name, "%s", prop.name);
     const char *graphs = getenv("LUMEN_CUDA_GRAPHS"); /* 0: every op launched as called */
     cu->graphs_on = !(graphs && strcmp(graphs, "0") == 0);
+    const char *pdl = getenv("LUMEN_CUDA_PDL"); /* 0: every kernel waits for the previous */
+    cu->pdl = prop.major >= 9 && !(pdl && strcmp(pdl, "0") == 0);
     /* long passes are bound by their kernels rather than by launches, and a recorded
      * 512-token prefill measured slower than direct launches (cause not established) */
     const char *rec = getenv("LUMEN_CUDA_RECORD_MAX_N");

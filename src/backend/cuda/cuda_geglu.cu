@@ -11,6 +11,7 @@ __device__ __forceinline__ float gelu_tanh(float x) {
 }
 
 __global__ void geglu_kernel(const float *gate, const float *up, int64_t n, float *out) {
+    lm_pdl_enter();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         float g = gate[i], a;
         if (g <= -10.0f)
@@ -28,6 +29,6 @@ extern "C" void lm_cuda_geglu(lm_backend *b, const float *gate, const float *up,
     lm_cuda_enter(cu);
     if (lm_cuda_replaying(cu)) return;
     if (n <= 0) return;
-    geglu_kernel<<<lm_cuda_blocks(n, 256), 256, 0, cu->stream>>>(gate, up, n, out);
+    lm_cuda_launch(cu, geglu_kernel, lm_cuda_blocks(n, 256), 256, gate, up, n, out);
     lm_cuda_launched(cu, "geglu_kernel");
 }

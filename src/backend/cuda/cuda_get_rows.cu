@@ -6,6 +6,7 @@
 template <int T>
 __global__ void get_rows_kernel(const uint8_t *__restrict__ W, size_t row_bytes, int64_t chunks_per_row,
                                 const int32_t *__restrict__ ids, float *__restrict__ out) {
+    lm_pdl_enter();
     const int64_t i = blockIdx.x;
     const uint8_t *row = W + (size_t)ids[i] * row_bytes;
     float4 *o = (float4 *)(out + i * chunks_per_row * 8);
@@ -22,8 +23,8 @@ static void launch(lm_cuda_backend *cu, const lm_weight *table, const int32_t *i
     const int64_t max_grid = 2147483647LL;
     for (int64_t i0 = 0; i0 < n; i0 += max_grid) {
         int64_t nn = n - i0 < max_grid ? n - i0 : max_grid;
-        get_rows_kernel<T><<<(unsigned)nn, 128, 0, cu->stream>>>((const uint8_t *)table->data, table->row_bytes,
-                                                                 table->cols / 8, ids + i0, out + i0 * table->cols);
+        lm_cuda_launch(cu, get_rows_kernel<T>, (unsigned)nn, 128,
+                       (const uint8_t *)table->data, table->row_bytes, table->cols / 8, ids + i0, out + i0 * table->cols);
         if (!lm_cuda_launched(cu, "get_rows_kernel")) return;
     }
 }

@@ -31,6 +31,7 @@ enum lm_cuda_scratch_slot {
     LM_CUDA_SCR_Y,     /* matmul: one GEMM chunk's output                      */
     LM_CUDA_SCR_ATTN,  /* attention: split partials                            */
     LM_CUDA_SCR_COPY,  /* copy: staging for overlapping ranges                 */
+    LM_CUDA_SCR_TOPK,  /* logits_topk: the candidates before their copy home    */
     LM_CUDA_SCR_COUNT
 };
 
@@ -88,6 +89,7 @@ typedef struct lm_cuda_backend {
     int64_t tc_tiles_cap;
     /* forward passes recorded as CUDA graphs (cuda_graph.cu) */
     bool graphs_on;    /* LUMEN_CUDA_GRAPHS=0 turns recording off              */
+    bool pdl;          /* programmatic dependent launch (lm_cuda_launch)        */
     int64_t record_max_n; /* passes of more tokens run directly (LUMEN_CUDA_RECORD_MAX_N) */
     int pass_mode;     /* lm_cuda_pass_mode                                    */
     uint64_t pass_key; /* the current pass's key, buckets included             */
@@ -126,6 +128,38 @@ bool lm_cuda_ok(lm_cuda_backend *cu, cudaError_t e, const char *what);
 /* Checks that the kernel just queued was launched. */
 static inline bool lm_cuda_launched(lm_cuda_backend *cu, const char *kernel) {
     return lm_cuda_ok(cu, cudaGetLastError(), kernel);
+}
+
+/* Programmatic dependent launch (Hopper). A kernel queued with lm_cuda_launch may be
+ * scheduled while the kernel before it in the stream is still running: it calls
+ * lm_pdl_enter() first, which waits until that kernel has finished and its writes are
+ * visible, then lets the next kernel be scheduled in turn. What overlaps is the launch
+ * and block scheduling of one kernel with the tail of the previous one: the gap
+ * between the small kernels of a decode step. Every kernel queued with lm_cuda_launch
+ * must call lm_pdl_enter() before it touches memory; kernels queued with <<<>>> (and
+ * copies, cuBLAS) keep the full stream order. LUMEN_CUDA_PDL=0 turns it off. */
+__device__ __forceinline__ void lm_pdl_enter(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+/* kernel<<<grid, block, 0, stream>>>(args...), with programmatic dependent launch
+ * where the backend allows it (cu->pdl). */
+template <typename... Params, typename... Args>
+static inline void lm_cuda_launch(lm_cuda_backend *cu, void (*kernel)(Params...), dim3 grid, dim3 block,
+                                  Args... args) {
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.stream = cu->stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = cu->pdl ? 1 : 0;
+    cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
 }
 
 /* LM_OK, or the recorded error as lm_error() (the error is then cleared). */
@@ -216,6 +250,8 @@ void lm_cuda_graphs_free(lm_cuda_backend *cu);
 lm_status lm_cuda_attention(lm_backend *b, const struct lm_kv_cache *kv, int64_t layer, const lm_attn_batch *batch,
                             const float *q, int64_t n_head, int64_t n_head_kv, int64_t head_dim, int64_t window,
                             float scale, float *out);
+lm_status lm_cuda_logits_topk(lm_backend *b, const float *logits, int64_t n_rows, int64_t n_vocab, int k,
+                              int32_t *ids, float *vals, float *row_max, float *row_lse);
 }
 
 /* The weight formats the kernels decode on the device (cuda_dequant.cuh). */

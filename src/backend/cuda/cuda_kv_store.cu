@@ -6,6 +6,7 @@
 template <bool F16>
 __global__ void kv_store_kernel(const int32_t *__restrict__ meta, int64_t n, int64_t bs, int64_t d,
                                 const float *__restrict__ k, const float *__restrict__ v, void *K, void *V) {
+    lm_pdl_enter();
     const int64_t t = blockIdx.x;
     const int32_t pos = meta[t], toff = meta[n + t];
     const int64_t slot = (int64_t)meta[toff + pos / bs] * bs + pos % bs;
@@ -42,8 +43,8 @@ extern "C" void lm_cuda_kv_store(lm_backend *b, lm_kv_cache *kv, int64_t layer, 
     void *K = (uint8_t *)kv->k + layer_off, *V = (uint8_t *)kv->v + layer_off;
     int threads = d >= 256 ? 256 : 128;
     if (kv->type == LM_DTYPE_F16)
-        kv_store_kernel<true><<<(unsigned)n, threads, 0, cu->stream>>>(meta, n, kv->block_size, d, k, v, K, V);
+        lm_cuda_launch(cu, kv_store_kernel<true>, (unsigned)n, threads, meta, n, kv->block_size, d, k, v, K, V);
     else
-        kv_store_kernel<false><<<(unsigned)n, threads, 0, cu->stream>>>(meta, n, kv->block_size, d, k, v, K, V);
+        lm_cuda_launch(cu, kv_store_kernel<false>, (unsigned)n, threads, meta, n, kv->block_size, d, k, v, K, V);
     lm_cuda_launched(cu, "kv_store_kernel");
 }

@@ -51,6 +51,7 @@ template <int T, int NT>
 __global__ void __launch_bounds__(MV_THREADS)
     mv_kernel(const __grid_constant__ mv_set set, int n_chunks, int cols, const float *__restrict__ x, int n,
               int t_base, int wpr) {
+    lm_pdl_enter();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int rpb = (MV_THREADS / 32) / wpr; /* rows per block */
     const int row = blockIdx.x * rpb + warp / wpr, part = warp % wpr;
@@ -132,10 +133,10 @@ static void launch_mv(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, c
         int cols = (int)w[0]->cols, tb = (int)t0;
         const float *xs = x + t0 * cols;
         switch (nt) {
-        case 1: mv_kernel<T, 1><<<grid, block, 0, cu->stream>>>(set, n_chunks, cols, xs, nn, tb, wpr); break;
-        case 2: mv_kernel<T, 2><<<grid, block, 0, cu->stream>>>(set, n_chunks, cols, xs, nn, tb, wpr); break;
-        case 4: mv_kernel<T, 4><<<grid, block, 0, cu->stream>>>(set, n_chunks, cols, xs, nn, tb, wpr); break;
-        default: mv_kernel<T, 8><<<grid, block, 0, cu->stream>>>(set, n_chunks, cols, xs, nn, tb, wpr); break;
+        case 1: lm_cuda_launch(cu, mv_kernel<T, 1>, grid, block, set, n_chunks, cols, xs, nn, tb, wpr); break;
+        case 2: lm_cuda_launch(cu, mv_kernel<T, 2>, grid, block, set, n_chunks, cols, xs, nn, tb, wpr); break;
+        case 4: lm_cuda_launch(cu, mv_kernel<T, 4>, grid, block, set, n_chunks, cols, xs, nn, tb, wpr); break;
+        default: lm_cuda_launch(cu, mv_kernel<T, 8>, grid, block, set, n_chunks, cols, xs, nn, tb, wpr); break;
         }
         if (!lm_cuda_launched(cu, "mv_kernel")) return;
     }
@@ -145,6 +146,7 @@ static void launch_mv(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, c
 template <int T>
 __global__ void dequant_bf16_kernel(const uint8_t *__restrict__ W, size_t row_bytes, int64_t chunks_per_row,
                                     int64_t n_chunks, __nv_bfloat16 *__restrict__ out) {
+    lm_pdl_enter();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n_chunks;
          i += (int64_t)gridDim.x * blockDim.x) {
         int64_t r = i / chunks_per_row, c = i % chunks_per_row;
@@ -164,6 +166,7 @@ __global__ void dequant_bf16_kernel(const uint8_t *__restrict__ W, size_t row_by
 /* out[i] = bf16(x[i]) for i < n_valid, 0 up to n_total */
 __global__ void to_bf16_kernel(const float *__restrict__ x, int64_t n_valid, int64_t n_total,
                                __nv_bfloat16 *__restrict__ out) {
+    lm_pdl_enter();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n_total;
          i += (int64_t)gridDim.x * blockDim.x)
         out[i] = __float2bfloat16_rn(i < n_valid ? x[i] : 0.0f);
@@ -172,8 +175,8 @@ __global__ void to_bf16_kernel(const float *__restrict__ x, int64_t n_valid, int
 template <int T>
 static void launch_dequant_bf16(lm_cuda_backend *cu, const lm_weight *w, int64_t r0, int64_t nr, __nv_bfloat16 *out) {
     int64_t cpr = w->cols / 8, total = nr * cpr;
-    dequant_bf16_kernel<T><<<lm_cuda_blocks(total, 256), 256, 0, cu->stream>>>(
-        (const uint8_t *)w->data + (size_t)r0 * w->row_bytes, w->row_bytes, cpr, total, out);
+    lm_cuda_launch(cu, dequant_bf16_kernel<T>, lm_cuda_blocks(total, 256), 256,
+                   (const uint8_t *)w->data + (size_t)r0 * w->row_bytes, w->row_bytes, cpr, total, out);
     lm_cuda_launched(cu, "dequant_bf16_kernel");
 }
 
@@ -208,8 +211,8 @@ static const void *gemm_prepare_x(lm_cuda_backend *cu, bool f32, const float *x,
                         "matmul (padding)"))
             return NULL;
     } else {
-        to_bf16_kernel<<<lm_cuda_blocks(n_pad * cols, 256), 256, 0, cu->stream>>>(x, n * cols, n_pad * cols,
-                                                                                (__nv_bfloat16 *)xs);
+        lm_cuda_launch(cu, to_bf16_kernel, lm_cuda_blocks(n_pad * cols, 256), 256, x, n * cols, n_pad * cols,
+                       (__nv_bfloat16 *)xs);
         if (!lm_cuda_launched(cu, "to_bf16_kernel")) return NULL;
     }
     return xs;

@@ -66,6 +66,7 @@ template <int T, int NT>
 __global__ void __launch_bounds__(TC_THREADS)
     tc_kernel(const __grid_constant__ mv_set set, int n_chunks, int cols, const float *__restrict__ x, int n, int wpt,
               int n_groups) {
+    lm_pdl_enter();
     __shared__ float red[TC_WARPS][NT][4][32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int group = blockIdx.x % n_groups;
@@ -182,10 +183,10 @@ static void launch_tc(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, c
     const dim3 grid((unsigned)(row_blocks * groups));
     const int cols = (int)w[0]->cols, nc = (int)chunks, nn = (int)n, ng = (int)groups;
     switch (nt) {
-    case 1: tc_kernel<T, 1><<<grid, TC_THREADS, 0, cu->stream>>>(set, nc, cols, x, nn, wpt, ng); break;
-    case 2: tc_kernel<T, 2><<<grid, TC_THREADS, 0, cu->stream>>>(set, nc, cols, x, nn, wpt, ng); break;
-    case 4: tc_kernel<T, 4><<<grid, TC_THREADS, 0, cu->stream>>>(set, nc, cols, x, nn, wpt, ng); break;
-    default: tc_kernel<T, 8><<<grid, TC_THREADS, 0, cu->stream>>>(set, nc, cols, x, nn, wpt, ng); break;
+    case 1: lm_cuda_launch(cu, tc_kernel<T, 1>, grid, TC_THREADS, set, nc, cols, x, nn, wpt, ng); break;
+    case 2: lm_cuda_launch(cu, tc_kernel<T, 2>, grid, TC_THREADS, set, nc, cols, x, nn, wpt, ng); break;
+    case 4: lm_cuda_launch(cu, tc_kernel<T, 4>, grid, TC_THREADS, set, nc, cols, x, nn, wpt, ng); break;
+    default: lm_cuda_launch(cu, tc_kernel<T, 8>, grid, TC_THREADS, set, nc, cols, x, nn, wpt, ng); break;
     }
     lm_cuda_launched(cu, "tc_kernel");
 }

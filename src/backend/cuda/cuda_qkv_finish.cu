@@ -30,6 +30,7 @@ __device__ void qf_norm_heads(float *x, int n_heads, int hd, const float *__rest
 template <bool F16>
 __global__ void __launch_bounds__(QF_THREADS) qkv_finish_kernel(const __grid_constant__ qf_args a,
                                                                  const int32_t *__restrict__ meta) {
+    lm_pdl_enter();
     __shared__ double part[QF_THREADS / 32];
     const int64_t t = blockIdx.x;
     const int q_dim = a.n_head * a.hd, kv_dim = a.n_head_kv * a.hd;
@@ -102,8 +103,8 @@ extern "C" void lm_cuda_qkv_finish(lm_backend *b, lm_kv_cache *kv, int64_t layer
     const size_t layer_off = (size_t)(layer * kv->n_blocks * kv->block_size * kv->n_embd_kv) * kv->elem_size;
     a.K = (uint8_t *)kv->k + layer_off, a.V = (uint8_t *)kv->v + layer_off;
     if (kv->type == LM_DTYPE_F16)
-        qkv_finish_kernel<true><<<(unsigned)n, QF_THREADS, 0, cu->stream>>>(a, meta);
+        lm_cuda_launch(cu, qkv_finish_kernel<true>, (unsigned)n, QF_THREADS, a, meta);
     else
-        qkv_finish_kernel<false><<<(unsigned)n, QF_THREADS, 0, cu->stream>>>(a, meta);
+        lm_cuda_launch(cu, qkv_finish_kernel<false>, (unsigned)n, QF_THREADS, a, meta);
     lm_cuda_launched(cu, "qkv_finish_kernel");
 }

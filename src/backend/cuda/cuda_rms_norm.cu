@@ -10,6 +10,7 @@ enum { NORM_THREADS = 256, NORM_WARPS = NORM_THREADS / 32 };
  * (10 us for one 1536-wide row); a block spreads the row over 256 threads. */
 __global__ void __launch_bounds__(NORM_THREADS)
     rms_norm_kernel(const float *x, const float *__restrict__ w, int64_t d, float eps, float *y) {
+    lm_pdl_enter();
     __shared__ double part[NORM_WARPS];
     const float *xr = x + (int64_t)blockIdx.x * d;
     float *yr = y + (int64_t)blockIdx.x * d;
@@ -29,7 +30,7 @@ extern "C" void lm_cuda_rms_norm(lm_backend *b, const float *x, const float *w, 
     const int64_t max_rows = 2147483647LL;
     for (int64_t r0 = 0; r0 < n; r0 += max_rows) {
         int64_t nn = n - r0 < max_rows ? n - r0 : max_rows;
-        rms_norm_kernel<<<(unsigned)nn, NORM_THREADS, 0, cu->stream>>>(x + r0 * d, w, d, eps, y + r0 * d);
+        lm_cuda_launch(cu, rms_norm_kernel, (unsigned)nn, NORM_THREADS, x + r0 * d, w, d, eps, y + r0 * d);
         if (!lm_cuda_launched(cu, "rms_norm_kernel")) return;
     }
 }

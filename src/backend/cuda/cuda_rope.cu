@@ -6,6 +6,7 @@
 
 __global__ void rope_kernel(float *x, const int32_t *__restrict__ pos, int64_t n_head, int64_t head_dim,
                             int64_t n_rot, float theta, float freq_scale, int neox) {
+    lm_pdl_enter();
     const int64_t t = blockIdx.x, half = n_rot / 2;
     for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
         double angle = lm_cuda_rope_angle(pos[t], freq_scale, theta, i, n_rot);
@@ -33,7 +34,7 @@ extern "C" void lm_cuda_rope(lm_backend *b, float *x, int64_t n, int64_t n_head,
     const int32_t *d_pos = (const int32_t *)lm_cuda_meta_upload(cu, LM_CUDA_META_POS, pos, (size_t)n * sizeof(int32_t));
     if (!d_pos || lm_cuda_replaying(cu)) return;
     int threads = n_rot / 2 >= 128 ? 128 : n_rot / 2 >= 64 ? 64 : 32;
-    rope_kernel<<<(unsigned)n, threads, 0, cu->stream>>>(x, d_pos, n_head, head_dim, n_rot, theta, freq_scale,
-                                                          mode == LM_ROPE_NEOX);
+    lm_cuda_launch(cu, rope_kernel, (unsigned)n, threads, x, d_pos, n_head, head_dim, n_rot, theta, freq_scale,
+                   mode == LM_ROPE_NEOX);
     lm_cuda_launched(cu, "rope_kernel");
 }

@@ -16,9 +16,6 @@
 
 #include "backend/cuda/cuda_internal.cuh"
 
-extern "C" lm_status lm_cuda_logits_topk(lm_backend *b, const float *logits, int64_t n_rows, int64_t n_vocab, int k,
-                                         int32_t *ids, float *vals, float *row_max, float *row_lse);
-
 namespace {
 
 constexpr int THREADS = 1024;
@@ -263,17 +260,10 @@ extern "C" lm_status lm_cuda_logits_topk(lm_backend *b, const float *logits, int
     lm_status st = lm_cuda_take_error(cu); /* an earlier op's error: the logits are not valid */
     if (st) return st;
 
-    /* the results on the device: [ids n_rows*k][vals n_rows*k][max n_rows][lse n_rows],
-     * from the stream-ordered pool (cached there) when the device has one */
+    /* the results on the device: [ids n_rows*k][vals n_rows*k][max n_rows][lse n_rows] */
     const size_t nk = (size_t)n_rows * (size_t)k, nr = (size_t)n_rows;
-    const size_t bytes = (2 * nk + 2 * nr) * sizeof(float);
-    void *dev = NULL;
-    cudaError_t e = cu->pools ? cudaMallocAsync(&dev, bytes, cu->stream) : cudaMalloc(&dev, bytes);
-    if (e != cudaSuccess) {
-        cudaGetLastError(); /* not sticky */
-        return lm_error(LM_ERR_NO_MEMORY, "out of GPU memory: %zu bytes for the candidates of %lld rows", bytes,
-                        (long long)n_rows);
-    }
+    void *dev = lm_cuda_scratch(cu, LM_CUDA_SCR_TOPK, (2 * nk + 2 * nr) * sizeof(float));
+    if (!dev) return lm_cuda_take_error(cu);
     int32_t *d_ids = (int32_t *)dev;
     float *d_vals = (float *)(d_ids + nk), *d_max = d_vals + nk, *d_lse = d_max + nr;
     topk_rows<<<(unsigned)n_rows, THREADS, 0, cu->stream>>>(logits, n_vocab, k, row_lse != NULL, d_ids, d_vals, d_max,
@@ -288,7 +278,6 @@ extern "C" lm_status lm_cuda_logits_topk(lm_backend *b, const float *logits, int
     if (ok && row_lse)
         lm_cuda_ok(cu, cudaMemcpyAsync(row_lse, d_lse, nr * sizeof(float), cudaMemcpyDeviceToHost, cu->stream),
                    "logits_topk (log-sum-exp to the host)");
-    lm_cuda_ok(cu, cu->pools ? cudaFreeAsync(dev, cu->stream) : cudaFree(dev), "logits_topk (free)");
     lm_cuda_ok(cu, cudaStreamSynchronize(cu->stream), "logits_topk (synchronize)");
     return lm_cuda_take_error(cu);
 }
