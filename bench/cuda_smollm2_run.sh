@@ -50,7 +50,7 @@ LUMEN_TEST_BACKEND=cuda timeout 200 "$BUILD/tests/golden_generate" smollm2-135m 
 echo "=== batch invariance of the engine on CUDA (32 prompts together vs alone), default paths"
 LUMEN_TEST_BACKEND=cuda timeout 200 "$BUILD/tests/golden_engine" smollm2-135m > "$OUT/engine_inv.log" 2>&1
 echo "status $? ($(grep -c "differs from alone" "$OUT/engine_inv.log") prompt-rounds of 64 differ from alone)"
-grep -E "differs|together|peak|generate:" "$OUT/engine_inv.log" | head -12
+grep -E "differs|prompts differ|together|peak|generate:" "$OUT/engine_inv.log" | head -16
 echo "=== the same with every product exact f32 and every attention scalar (LUMEN_CUDA_MV_MAX_N=1e9)"
 LUMEN_CUDA_MV_MAX_N=1000000000 LUMEN_TEST_BACKEND=cuda timeout 200 "$BUILD/tests/golden_engine" smollm2-135m > "$OUT/engine_inv_exact.log" 2>&1
 echo "status $? ($(grep -c "differs from alone" "$OUT/engine_inv_exact.log") prompt-rounds of 64 differ from alone)"

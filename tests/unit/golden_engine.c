@@ -19,6 +19,7 @@
  * lm_engine_generate part, which renders with the model's own.
  * LUMEN_TEST_BACKEND=cuda runs the same on the GPU; LUMEN_TEST_THREADS sets the
  * CPU threads (default 2). */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -45,6 +46,9 @@ static const char *k_questions[N] = {
 static const char *g_model, *g_backend;
 static int g_threads = 2;
 static int32_t g_ids[N][512], g_alone[N][MAXT];
+static float g_gap[N][MAXT]; /* alone: the top-two logit gap at each generated token */
+static float g_max_gap = 0.0f; /* the largest gap at a divergence from alone (CUDA) */
+static bool g_diverged[N];     /* a together round differed from alone (CUDA, near-tie) */
 static size_t g_n_ids[N];
 static int g_n_alone[N];
 
@@ -75,7 +79,8 @@ static lm_generate_params greedy(void) {
     return g;
 }
 
-static int drain(lm_engine_request *r, int32_t *toks) {
+/* The request's tokens; with `gap`, the top-two logprob (= logit) gap at each. */
+static int drain(lm_engine_request *r, int32_t *toks, float *gap) {
     int n = 0;
     lm_step s;
     do {
@@ -84,7 +89,10 @@ static int drain(lm_engine_request *r, int32_t *toks) {
             CHECK(0);
             break;
         }
-        if (s.token >= 0 && n < MAXT) toks[n++] = s.token;
+        if (s.token >= 0 && n < MAXT) {
+            if (gap) gap[n] = s.n_top_logprobs >= 2 ? s.top_logprobs[0].logprob - s.top_logprobs[1].logprob : INFINITY;
+            toks[n++] = s.token;
+        }
     } while (s.finish == LM_FINISH_NONE);
     return n;
 }
@@ -157,18 +165,30 @@ static void together_round(lm_engine *e, const char *what, bool hit) {
     int diff = 0;
     for (int i = 0; i < N; i++) {
         int32_t toks[MAXT];
-        int n = drain(rs[i], toks);
+        int n = drain(rs[i], toks, NULL);
         lm_stats rst;
         lm_engine_request_stats(rs[i], &rst);
         if (hit) CHECK(rst.n_cached_tokens == rst.n_prompt_tokens - 1);
         lm_engine_request_free(rs[i]);
         if (!same(toks, n, g_alone[i], g_n_alone[i])) {
-            fprintf(stderr, "%s: prompt %d differs from alone at token %d\n", what, i,
-                    first_diff(toks, n, g_alone[i], g_n_alone[i]));
+            int at = first_diff(toks, n, g_alone[i], g_n_alone[i]);
+            float gap = at < g_n_alone[i] ? g_gap[i][at] : INFINITY;
+            fprintf(stderr, "%s: prompt %d differs from alone at token %d (top-two logit gap alone %.4f)\n", what, i,
+                    at, gap);
+            g_max_gap = gap > g_max_gap ? gap : g_max_gap;
+            g_diverged[i] = true;
             diff++;
         }
     }
-    CHECK(diff == 0);
+    /* On the CPU every kernel is batch-invariant: equal, always. On a GPU the matrix
+     * products of a decode batch take other kernels than one token alone (cuda_matmul.cu:
+     * f32 vs bf16 activations), so a token may flip, but only at a near-tie: the
+     * alone run's two best logits within 0.05 (issue 7's bound). */
+    if (strcmp(g_backend, "cpu") == 0) CHECK(diff == 0);
+    else {
+        printf("%s: %d of %d prompts differ from alone (largest top-two gap there %.4f)\n", what, diff, N, g_max_gap);
+        CHECK(g_max_gap < 0.05f);
+    }
 }
 
 int main(int argc, char **argv) {
@@ -188,6 +208,8 @@ int main(int argc, char **argv) {
     }
     static int32_t ref[MAXT];
     lm_generate_params g = greedy();
+    lm_generate_params g_alone_params = greedy(); /* the same tokens, with the top two logprobs */
+    g_alone_params.top_logprobs = 2;
 
     lm_model_params mp = lm_model_default_params();
     mp.n_threads = g_threads;
@@ -212,8 +234,8 @@ int main(int argc, char **argv) {
     lm_engine *e = open_engine(1, 1, 0, NULL, 0);
     for (int i = 0; i < N; i++) {
         lm_engine_request *r;
-        CHECK(lm_engine_request_start(e, g_ids[i], g_n_ids[i], &g, &r) == LM_OK);
-        g_n_alone[i] = drain(r, g_alone[i]);
+        CHECK(lm_engine_request_start(e, g_ids[i], g_n_ids[i], &g_alone_params, &r) == LM_OK);
+        g_n_alone[i] = drain(r, g_alone[i], g_gap[i]);
         lm_stats rs;
         lm_engine_request_stats(r, &rs);
         CHECK(rs.n_cached_tokens == 0 && g_n_alone[i] > 0);
@@ -283,7 +305,8 @@ int main(int argc, char **argv) {
         if (n && lm_token_is_eog(m, g_alone[i][n - 1])) n--;
         CHECK(lm_detokenize(m, g_alone[i], n, 0, buf, sizeof buf, &nb) == LM_OK);
         if (strcmp(buf, texts[i]) != 0) fprintf(stderr, "generate %d: \"%s\" vs alone \"%s\"\n", i, texts[i], buf);
-        CHECK(strcmp(buf, texts[i]) == 0);
+        /* on a GPU, a prompt that flipped at a near-tie when batched may flip here too */
+        CHECK(strcmp(buf, texts[i]) == 0 || (strcmp(g_backend, "cpu") != 0 && g_diverged[i]));
     }
     lm_engine_texts_free(texts, N);
     CHECK(lm_engine_get_stats(e, &es) == LM_OK);
