@@ -319,8 +319,12 @@ int main(int argc, char **argv) {
         float gap = at < g_n_alone[i] ? g_gap[i][at] : INFINITY;
         fprintf(stderr, "generate %d: \"%s\" vs alone \"%s\" (from token %d, top-two logit gap alone %.4f)\n", i,
                 texts[i], buf, at, gap);
-        /* the CPU: equal; a GPU: a flip at a near-tie only (see together_round) */
-        CHECK(strcmp(g_backend, "cpu") != 0 && gap < 0.05f);
+        /* The CPU: equal. A GPU: here the prefix's K/V come from a pass of its own and
+         * the rest of the prompt from another, each on the kernels of its size, so the
+         * logits drift further from alone than in together_round: measured on the H200
+         * with SmolLM2, 2-4 of 32 flip, at gaps up to 0.09 (docs/BENCHMARKS.md). A flip
+         * must still be at a small margin, never at a confident token. */
+        CHECK(strcmp(g_backend, "cpu") != 0 && gap < 0.25f);
     }
     lm_engine_texts_free(texts, N);
     CHECK(lm_engine_get_stats(e, &es) == LM_OK);
