@@ -84,8 +84,8 @@ test-fuzz: deps
 test-cuda-build: deps
 	@if [ -z "$(NVCC)" ]; then echo "SKIPPED: test-cuda-build: no nvcc (install the CUDA toolkit)"; exit 0; fi; \
 	cmake -S . -B $(CUDA_BUILD) -DCMAKE_BUILD_TYPE=Release -DLUMEN_CUDA=ON -DCMAKE_CUDA_COMPILER=$(NVCC) >/dev/null && \
-	cmake --build $(CUDA_BUILD) -j$(JOBS) --target lumen_cli test_backend_ops && \
-	cd $(CUDA_BUILD) && ctest --output-on-failure -R '^test_backend_ops$$'
+	cmake --build $(CUDA_BUILD) -j$(JOBS) --target lumen_cli test_backend_ops test_topk_cuda && \
+	cd $(CUDA_BUILD) && ctest --output-on-failure -R '^(test_backend_ops|test_topk_cuda)$$'
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) $(TSAN_BUILD) $(CUDA_BUILD)
