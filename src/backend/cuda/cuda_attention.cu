@@ -1,26 +1,52 @@
-/* Causal attention over the paged KV cache, one kernel for prefill and decode.
+/* Causal attention over the paged KV cache: decode, small batches and recorded
+ * passes (prefill runs of 16 positions take the tensor-core kernel,
+ * cuda_attention_tc.cu).
  *
- * A warp computes one (token, query head, split): the keys of positions
- * [lo, pos] (lo = pos - window + 1 on sliding-window layers) in the token's own
- * sequence, read through its block table. Positions go 32 at a time: in the score
- * phase each lane owns one position and dots the whole query (in shared memory)
- * with that key row; an online softmax (running max and sum, rescaled per tile)
- * then turns scores into weights; in the value phase each lane owns head_dim / 32
- * output dimensions and accumulates the tile's 32 value rows (coalesced reads). The
- * warps of a block take consecutive heads of one token, which share their key/value
- * head under GQA, so its rows are read once from memory and then from L1.
+ * A block takes one (token, KV head, chunk of up to ATT_HEADS of the query heads
+ * sharing that KV head, split). A split is ATT_SPLIT positions of the token's
+ * context; each runs in its own block (grid.y), so one sequence's decode still
+ * spreads over the GPU. The block copies a tile of key rows and the tile's value
+ * rows into shared memory with asynchronous copies, all issued at once, then every
+ * warp works from shared memory on its query heads: a lane scores one or two
+ * positions (q·k in dimension order), an online softmax (running max and sum per
+ * head), and the lane's output dimensions accumulate the tile's value rows. So a
+ * tile costs one trip to memory, and the KV head's rows are read once for all its
+ * query heads. (The kernel before this one gave each query head a warp that walked
+ * its keys 32 positions at a time with a load chain per tile: 21 us a layer at batch
+ * 1, 28 us at 64 sequences, a quarter of a decode step.)
  *
- * Contexts are split into pieces of ATT_SPLIT positions processed by separate
- * blocks (grid.y) and merged by a second kernel, so decode of one sequence still
- * spreads over the GPU (at 512 a 12-head decode step ran 12 warps: 19 us a layer). How a token is split depends only on its own position and
- * window, never on the rest of the batch, so results are batch-invariant.
+ * A token with more than one split has each split write its partial state (max,
+ * sum, unnormalized output); the block that finishes a (token, KV head, chunk) last
+ * (a counter per item, back to 0 after) merges them in split order. How a token is
+ * split depends only on its own position and window, never on the rest of the
+ * batch, and the merge order is fixed, so results are batch-invariant.
  *
  * With an F16 cache the query is rounded to f16 like the keys, as the CPU reference
  * does; the softmax weights are not rounded to f16 (the reference rounds them; the
  * difference is within f16 rounding, ~1e-4 relative). Everything else is f32. */
 #include "backend/cuda/cuda_internal.cuh"
 
-enum { ATT_WARPS = 4, ATT_SPLIT = 64, ATT_MAX_HD = 256, ATT_DPL = ATT_MAX_HD / 32 };
+enum {
+    ATT_WARPS = 4,
+    ATT_THREADS = 32 * ATT_WARPS,
+    ATT_SPLIT = 64,  /* positions per split                          */
+    ATT_HEADS = 8,   /* query heads per block (of one KV head)       */
+    ATT_MAX_HD = 256,
+};
+
+/* Head size and element size of an instance: HD = 0 is any multiple of 8 up to
+ * ATT_MAX_HD, known at run time. */
+template <bool F16, int HD>
+struct att_shape {
+    static constexpr int hd_max = HD ? HD : ATT_MAX_HD;
+    static constexpr int elem = F16 ? 2 : 4;
+    /* positions per shared-memory tile: about 16 KB of keys and 16 KB of values */
+    static constexpr int tile = 16384 / (hd_max * elem) < ATT_SPLIT ? 16384 / (hd_max * elem) : ATT_SPLIT;
+    static constexpr int k_stride = hd_max + 16 / elem; /* a key row padded by 16 bytes: no bank conflicts */
+    static constexpr int per_lane = (tile + 31) / 32;   /* positions a lane scores per tile */
+    static constexpr int dpl = hd_max / 32;             /* output dimensions per lane       */
+    static constexpr int heads_per_warp = ATT_HEADS / ATT_WARPS;
+};
 
 __device__ __forceinline__ void token_range(const int32_t *meta, int t, int64_t window, int *pos, int *lo,
                                             int *n_split) {
@@ -29,30 +55,35 @@ __device__ __forceinline__ void token_range(const int32_t *meta, int t, int64_t 
     *n_split = (*pos - *lo + 1 + ATT_SPLIT - 1) / ATT_SPLIT;
 }
 
-/* q·k over one key row; HD > 0: the head size known at compile time, so the loads
- * of the row are unrolled and in flight together (a runtime loop issued them one
- * after another: decode attention was bound by that latency). */
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+/* q·k over one key row in shared memory, in dimension order. */
 template <bool F16, int HD>
-__device__ __forceinline__ float dot_key(const float *qs, const void *K, int64_t off, int hd) {
+__device__ __forceinline__ float dot_key(const float *qs, const void *krow, int hd) {
     float s = 0.0f;
     if (F16) {
-        const uint4 *kr = (const uint4 *)((const __half *)K + off);
+        const uint4 *kr = (const uint4 *)krow;
 #pragma unroll
         for (int c = 0; c < (HD ? HD / 8 : hd / 8); c++) {
-            uint4 u = kr[c];
-            uint32_t w[4] = {u.x, u.y, u.z, u.w};
+            const uint4 u = kr[c];
+            const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                float2 f = __half22float2(*(const __half2 *)&w[i]);
+                const float2 f = __half22float2(*(const __half2 *)&w[i]);
                 s = fmaf(qs[8 * c + 2 * i], f.x, s);
                 s = fmaf(qs[8 * c + 2 * i + 1], f.y, s);
             }
         }
     } else {
-        const float4 *kr = (const float4 *)((const float *)K + off);
+        const float4 *kr = (const float4 *)krow;
 #pragma unroll
         for (int c = 0; c < (HD ? HD / 4 : hd / 4); c++) {
-            float4 f = kr[c];
+            const float4 f = kr[c];
             s = fmaf(qs[4 * c], f.x, s);
             s = fmaf(qs[4 * c + 1], f.y, s);
             s = fmaf(qs[4 * c + 2], f.z, s);
@@ -62,161 +93,192 @@ __device__ __forceinline__ float dot_key(const float *qs, const void *K, int64_t
     return s;
 }
 
-template <bool F16>
-__device__ __forceinline__ float load_v(const void *V, int64_t i) {
-    return F16 ? __half2float(((const __half *)V)[i]) : ((const float *)V)[i];
-}
-
-/* The output dimension a lane's i-th accumulator holds: with the head size known, a
- * lane owns DPL contiguous dimensions (one vector load per value row); otherwise
- * dimensions lane, lane + 32, ... */
-template <int HD, int DPL>
-__device__ __forceinline__ int lane_dim(int lane, int i) {
-    return HD ? lane * DPL + i : lane + 32 * i;
-}
-
-/* The lane's dimensions of the value row at voff, as floats (0 past hd). */
-template <bool F16, int HD, int DPL>
-__device__ __forceinline__ void load_v_dims(const void *V, int64_t voff, int lane, int hd, float *v) {
-    if (HD && F16 && DPL % 2 == 0) {
-        /* DPL halves at a multiple of DPL: aligned to their size (up to 16 bytes) */
-        const __half2 *p = (const __half2 *)__builtin_assume_aligned((const __half *)V + voff + lane * DPL,
-                                                                     DPL * 2 > 16 ? 16 : DPL * 2);
+/* The DPL dimensions lane * DPL.. of a value row in shared memory, as floats, in
+ * one load of DPL elements. */
+template <bool F16, int DPL>
+__device__ __forceinline__ void load_v_dims(const void *vrow, int lane, float *v) {
+    constexpr int bytes = DPL * (F16 ? 2 : 4);
+    uint32_t w[bytes / 4];
+    const uint8_t *p = (const uint8_t *)vrow + lane * bytes;
+    if constexpr (bytes % 16 == 0) {
 #pragma unroll
-        for (int i = 0; i < DPL / 2; i++) {
-            const float2 f = __half22float2(p[i]);
-            v[2 * i] = f.x, v[2 * i + 1] = f.y;
+        for (int i = 0; i < bytes / 16; i++) {
+            const uint4 u = ((const uint4 *)p)[i];
+            w[4 * i] = u.x, w[4 * i + 1] = u.y, w[4 * i + 2] = u.z, w[4 * i + 3] = u.w;
         }
-    } else if (HD && !F16 && DPL % 2 == 0) {
-        const float2 *p = (const float2 *)__builtin_assume_aligned((const float *)V + voff + lane * DPL,
-                                                                   DPL * 4 > 16 ? 16 : DPL * 4);
-#pragma unroll
-        for (int i = 0; i < DPL / 2; i++) {
-            const float2 f = p[i];
-            v[2 * i] = f.x, v[2 * i + 1] = f.y;
-        }
+    } else if constexpr (bytes == 8) {
+        const uint2 u = *(const uint2 *)p;
+        w[0] = u.x, w[1] = u.y;
     } else {
+        w[0] = *(const uint32_t *)p;
+    }
 #pragma unroll
-        for (int i = 0; i < DPL; i++) {
-            const int d = lane_dim<HD, DPL>(lane, i);
-            v[i] = d < hd ? load_v<F16>(V, voff + d) : 0.0f;
+    for (int i = 0; i < bytes / 4; i++) {
+        if constexpr (F16) {
+            const float2 f = __half22float2(*(const __half2 *)&w[i]);
+            v[2 * i] = f.x, v[2 * i + 1] = f.y;
+        } else {
+            v[i] = __uint_as_float(w[i]);
         }
     }
 }
 
 template <bool F16, int HD>
-__global__ void __launch_bounds__(ATT_WARPS * 32)
-    attn_kernel(const int32_t *__restrict__ meta, int n, int n_head, int group, int hd, int64_t d_kv, int bs,
-                const void *__restrict__ K, const void *__restrict__ V, const float *__restrict__ q, int64_t window,
-                float scale, int max_splits, float *__restrict__ out, float *__restrict__ part) {
+__global__ void __launch_bounds__(ATT_THREADS)
+    attn_kernel(const int32_t *__restrict__ meta, int n, int n_head, int n_head_kv, int group, int chunks, int hd,
+                int64_t d_kv, int bs, const void *__restrict__ K, const void *__restrict__ V,
+                const float *__restrict__ q, int64_t window, float scale, int max_splits, float *__restrict__ out,
+                float *__restrict__ part, int *__restrict__ counts) {
+    using S = att_shape<F16, HD>;
+    constexpr int TILE = S::tile, KST = S::k_stride, DPL = S::dpl, HPW = S::heads_per_warp;
+    constexpr int ELEM = S::elem;
+    __shared__ __align__(16) uint8_t k_sh[TILE * KST * ELEM];
+    __shared__ __align__(16) uint8_t v_sh[TILE * S::hd_max * ELEM];
+    __shared__ __align__(16) float q_sh[ATT_HEADS][S::hd_max];
+    __shared__ int64_t slot_sh[TILE];
+    __shared__ int last_sh;
     lm_pdl_enter();
-    __shared__ float q_sh[ATT_WARPS][ATT_MAX_HD];
+
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t item = (int64_t)blockIdx.x * ATT_WARPS + warp;
-    if (item >= (int64_t)n * n_head) return;
-    const int t = (int)(item / n_head), h = (int)(item % n_head), hk = h / group;
+    const int item = blockIdx.x; /* (token, KV head, chunk of query heads) */
+    const int t = item / (n_head_kv * chunks), hk = (item / chunks) % n_head_kv, chunk = item % chunks;
+    const int h0 = hk * group + chunk * ATT_HEADS, nh = min(ATT_HEADS, group - chunk * ATT_HEADS);
     int pos, lo, n_split;
     token_range(meta, t, window, &pos, &lo, &n_split);
     const int split = blockIdx.y;
     if (split >= n_split) return;
     const int pb = lo + split * ATT_SPLIT, pe = min(pos, pb + ATT_SPLIT - 1);
     const int32_t *table = meta + meta[n + t];
-
-    float *qs = q_sh[warp];
-    const float *qrow = q + item * hd;
-    for (int d = lane; d < hd; d += 32) qs[d] = F16 ? __half2float(__float2half_rn(qrow[d])) : qrow[d];
-    __syncwarp();
-
-    constexpr int DPL = HD ? HD / 32 : ATT_DPL; /* output dims per lane */
-    float m = -INFINITY, l = 0.0f, acc[DPL];
-#pragma unroll
-    for (int i = 0; i < DPL; i++) acc[i] = 0.0f;
     const int64_t head_off = (int64_t)hk * hd;
-    for (int p0 = pb; p0 <= pe; p0 += 32) {
-        const int p = p0 + lane;
-        const bool valid = p <= pe;
-        int64_t slot = valid ? (int64_t)table[p / bs] * bs + p % bs : 0;
-        float s = -INFINITY;
-        if (valid) s = __fmul_rn(scale, dot_key<F16, HD>(qs, K, slot * d_kv + head_off, hd));
-        float tmax = s;
+    const int row_bytes = hd * ELEM, chunks_per_row = row_bytes / 16;
+
+    for (int i = threadIdx.x; i < nh * hd; i += ATT_THREADS) {
+        const float v = q[((int64_t)t * n_head + h0) * hd + i];
+        q_sh[i / hd][i % hd] = F16 ? __half2float(__float2half_rn(v)) : v;
+    }
+
+    float m[HPW], l[HPW], acc[HPW][DPL];
 #pragma unroll
-        for (int off = 16; off > 0; off >>= 1) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, off));
-        const float m_new = fmaxf(m, tmax);
-        const float corr = expf(m - m_new);
-        const float e = valid ? expf(s - m_new) : 0.0f;
-        float esum = e;
+    for (int j = 0; j < HPW; j++) {
+        m[j] = -INFINITY, l[j] = 0.0f;
 #pragma unroll
-        for (int off = 16; off > 0; off >>= 1) esum += __shfl_xor_sync(0xffffffffu, esum, off);
-        l = l * corr + esum;
+        for (int i = 0; i < DPL; i++) acc[j][i] = 0.0f;
+    }
+
+    for (int p0 = pb; p0 <= pe; p0 += TILE) {
+        const int nr = min(TILE, pe - p0 + 1);
+        __syncthreads(); /* the last tile's rows are read */
+        for (int r = threadIdx.x; r < nr; r += ATT_THREADS) {
+            const int p = p0 + r;
+            slot_sh[r] = (int64_t)table[p / bs] * bs + p % bs;
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < nr * chunks_per_row; i += ATT_THREADS) {
+            const int r = i / chunks_per_row, c = i % chunks_per_row;
+            const int64_t off = (slot_sh[r] * d_kv + head_off) * ELEM + (int64_t)c * 16;
+            cp_async16(k_sh + (r * KST) * ELEM + c * 16, (const uint8_t *)K + off);
+            cp_async16(v_sh + (r * S::hd_max) * ELEM + c * 16, (const uint8_t *)V + off);
+        }
+        cp_async_wait_all();
+        __syncthreads();
+
 #pragma unroll
-        for (int i = 0; i < DPL; i++) acc[i] *= corr;
-        const int nv = min(32, pe - p0 + 1);
-        /* value rows four at a time: their loads issued together, then the
-         * multiply-adds in position order (the same sums as one row at a time) */
-        int j = 0;
-        for (; j + 4 <= nv; j += 4) {
-            float wj[4], vv[4][DPL];
+        for (int j = 0; j < HPW; j++) {
+            const int hl = warp + j * ATT_WARPS;
+            if (hl >= nh) break;
+            float s[S::per_lane], e[S::per_lane];
+            float tmax = -INFINITY;
 #pragma unroll
-            for (int u = 0; u < 4; u++) {
-                wj[u] = __shfl_sync(0xffffffffu, e, j + u);
-                const int64_t voff = __shfl_sync(0xffffffffu, slot, j + u) * d_kv + head_off;
-                load_v_dims<F16, HD, DPL>(V, voff, lane, hd, vv[u]);
+            for (int u = 0; u < S::per_lane; u++) {
+                const int r = lane + 32 * u;
+                s[u] = r < nr ? __fmul_rn(scale, dot_key<F16, HD>(q_sh[hl], k_sh + (r * KST) * ELEM, hd)) : -INFINITY;
+                tmax = fmaxf(tmax, s[u]);
             }
 #pragma unroll
-            for (int u = 0; u < 4; u++)
+            for (int off = 16; off > 0; off >>= 1) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, off));
+            const float m_new = fmaxf(m[j], tmax), corr = expf(m[j] - m_new);
+            float esum = 0.0f;
 #pragma unroll
-                for (int i = 0; i < DPL; i++) acc[i] = fmaf(wj[u], vv[u][i], acc[i]);
-        }
-        for (; j < nv; j++) {
-            const float wj = __shfl_sync(0xffffffffu, e, j);
-            const int64_t voff = __shfl_sync(0xffffffffu, slot, j) * d_kv + head_off;
-            float vv[DPL];
-            load_v_dims<F16, HD, DPL>(V, voff, lane, hd, vv);
+            for (int u = 0; u < S::per_lane; u++) {
+                e[u] = lane + 32 * u < nr ? expf(s[u] - m_new) : 0.0f;
+                esum += e[u];
+            }
 #pragma unroll
-            for (int i = 0; i < DPL; i++) acc[i] = fmaf(wj, vv[i], acc[i]);
-        }
-        m = m_new;
-    }
-    if (n_split == 1) {
-        float *o = out + item * hd;
+            for (int off = 16; off > 0; off >>= 1) esum += __shfl_xor_sync(0xffffffffu, esum, off);
+            l[j] = l[j] * corr + esum;
+            m[j] = m_new;
 #pragma unroll
-        for (int i = 0; i < DPL; i++) {
-            const int d = lane_dim<HD, DPL>(lane, i);
-            if (d < hd) o[d] = acc[i] / l;
-        }
-    } else {
-        float *pp = part + ((size_t)item * max_splits + split) * (size_t)(hd + 2);
-        if (lane == 0) pp[0] = m, pp[1] = l;
+            for (int i = 0; i < DPL; i++) acc[j][i] *= corr;
 #pragma unroll
-        for (int i = 0; i < DPL; i++) {
-            const int d = lane_dim<HD, DPL>(lane, i);
-            if (d < hd) pp[2 + d] = acc[i];
+            for (int u = 0; u < S::per_lane; u++) {
+                const int rn = min(32, nr - 32 * u);
+                for (int r = 0; r < rn; r++) {
+                    const float w = __shfl_sync(0xffffffffu, e[u], r);
+                    float v[DPL];
+                    load_v_dims<F16, DPL>(v_sh + ((32 * u + r) * S::hd_max) * ELEM, lane, v);
+#pragma unroll
+                    for (int i = 0; i < DPL; i++) acc[j][i] = fmaf(w, v[i], acc[j][i]);
+                }
+            }
         }
     }
-}
 
-/* merges the splits of the tokens that have more than one, in split order */
-__global__ void attn_combine_kernel(const int32_t *__restrict__ meta, int n, int n_head, int hd, int64_t window,
-                                    int max_splits, const float *__restrict__ part, float *__restrict__ out) {
-    lm_pdl_enter();
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t item = (int64_t)blockIdx.x * ATT_WARPS + warp;
-    if (item >= (int64_t)n * n_head) return;
-    int pos, lo, n_split;
-    token_range(meta, (int)(item / n_head), window, &pos, &lo, &n_split);
-    if (n_split <= 1) return;
-    const float *pp = part + (size_t)item * max_splits * (size_t)(hd + 2);
-    float M = -INFINITY;
-    for (int s = 0; s < n_split; s++) M = fmaxf(M, pp[(size_t)s * (hd + 2)]);
-    float L = 0.0f;
-    for (int s = 0; s < n_split; s++) L += pp[(size_t)s * (hd + 2) + 1] * expf(pp[(size_t)s * (hd + 2)] - M);
-    for (int d = lane; d < hd; d += 32) {
-        float o = 0.0f;
-        for (int s = 0; s < n_split; s++) {
-            const float *ps = pp + (size_t)s * (hd + 2);
-            o += ps[2 + d] * expf(ps[0] - M);
+    if (n_split == 1) {
+#pragma unroll
+        for (int j = 0; j < HPW; j++) {
+            const int hl = warp + j * ATT_WARPS;
+            if (hl >= nh) break;
+            float *o = out + ((int64_t)t * n_head + h0 + hl) * hd;
+#pragma unroll
+            for (int i = 0; i < DPL; i++)
+                if (lane * DPL + i < hd) o[lane * DPL + i] = acc[j][i] / l[j];
         }
-        out[item * hd + d] = o / L;
+        return;
+    }
+
+    /* this split's state, then the last split of the item to finish merges */
+    const size_t stride = (size_t)hd + 2;
+#pragma unroll
+    for (int j = 0; j < HPW; j++) {
+        const int hl = warp + j * ATT_WARPS;
+        if (hl >= nh) break;
+        float *pp = part + (((size_t)t * n_head + h0 + hl) * max_splits + split) * stride;
+        if (lane == 0) pp[0] = m[j], pp[1] = l[j];
+#pragma unroll
+        for (int i = 0; i < DPL; i++)
+            if (lane * DPL + i < hd) pp[2 + lane * DPL + i] = acc[j][i];
+    }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const int done = atomicAdd(&counts[item], 1) + 1;
+        last_sh = done == n_split;
+        if (last_sh) counts[item] = 0; /* ready for the next call */
+    }
+    __syncthreads();
+    if (!last_sh) return;
+    __threadfence();
+#pragma unroll
+    for (int j = 0; j < HPW; j++) {
+        const int hl = warp + j * ATT_WARPS;
+        if (hl >= nh) break;
+        const float *pp = part + ((size_t)t * n_head + h0 + hl) * max_splits * stride;
+        float M = -INFINITY, L = 0.0f;
+        for (int sp = 0; sp < n_split; sp++) M = fmaxf(M, __ldcg(pp + sp * stride));
+        for (int sp = 0; sp < n_split; sp++) L += __ldcg(pp + sp * stride + 1) * expf(__ldcg(pp + sp * stride) - M);
+        float o[DPL];
+#pragma unroll
+        for (int i = 0; i < DPL; i++) o[i] = 0.0f;
+        for (int sp = 0; sp < n_split; sp++) {
+            const float c = expf(__ldcg(pp + sp * stride) - M);
+#pragma unroll
+            for (int i = 0; i < DPL; i++)
+                if (lane * DPL + i < hd) o[i] = fmaf(__ldcg(pp + sp * stride + 2 + lane * DPL + i), c, o[i]);
+        }
+        float *op = out + ((int64_t)t * n_head + h0 + hl) * hd;
+#pragma unroll
+        for (int i = 0; i < DPL; i++)
+            if (lane * DPL + i < hd) op[lane * DPL + i] = o[i] / L;
     }
 }
 
@@ -250,7 +312,9 @@ extern "C" lm_status lm_cuda_attention(lm_backend *b, const lm_kv_cache *kv, int
                         (long long)head_dim, (long long)kv->n_embd_kv);
     if (kv->type != LM_DTYPE_F16 && kv->type != LM_DTYPE_F32)
         return lm_error(LM_ERR_UNSUPPORTED, "attention: KV cache type %s", lm_dtype_name(kv->type));
-    if (n * n_head > (int64_t)INT32_MAX * ATT_WARPS || n > INT32_MAX)
+    const int group = (int)(n_head / n_head_kv), chunks = (group + ATT_HEADS - 1) / ATT_HEADS;
+    const int64_t items = n * n_head_kv * chunks;
+    if (items > INT32_MAX)
         return lm_error(LM_ERR_LIMIT, "attention: %lld tokens x %lld heads is too many for one call", (long long)n,
                         (long long)n_head);
     /* a recorded pass launches the grid of its whole shape (extra splits exit) */
@@ -262,21 +326,22 @@ extern "C" lm_status lm_cuda_attention(lm_backend *b, const lm_kv_cache *kv, int
     if (lm_cuda_attention_tc(cu, kv, layer, batch, meta, q, n_head, n_head_kv, head_dim, window, scale, out))
         return in_pass ? LM_OK : lm_cuda_take_error(cu);
     float *part = NULL;
+    int *counts = NULL;
     if (max_splits > 1) {
         part = (float *)lm_cuda_scratch(cu, LM_CUDA_SCR_ATTN,
                                         (size_t)(n * n_head) * (size_t)max_splits * (size_t)(head_dim + 2) * 4);
-        if (!part) return in_pass ? LM_OK : lm_cuda_take_error(cu);
+        counts = (int *)lm_cuda_scratch(cu, LM_CUDA_SCR_COUNTS, (size_t)items * sizeof(int));
+        if (!part || !counts) return in_pass ? LM_OK : lm_cuda_take_error(cu);
     }
     const int64_t d_kv = kv->n_embd_kv;
     const size_t layer_off = (size_t)(layer * kv->n_blocks * kv->block_size * d_kv) * kv->elem_size;
     const void *K = (const uint8_t *)kv->k + layer_off, *V = (const uint8_t *)kv->v + layer_off;
-    const int64_t items = n * n_head;
-    dim3 grid((unsigned)((items + ATT_WARPS - 1) / ATT_WARPS), (unsigned)max_splits);
-    const int group = (int)(n_head / n_head_kv);
+    const dim3 grid((unsigned)items, (unsigned)max_splits);
     const bool f16 = kv->type == LM_DTYPE_F16;
-#define LM_ATTN(F, H)                                                                                                  \
-    lm_cuda_launch(cu, attn_kernel<F, H>, grid, ATT_WARPS * 32, meta, (int)n, (int)n_head, group, (int)head_dim, d_kv, \
-                   (int)kv->block_size, K, V, q, window, scale, max_splits, out, part)
+#define LM_ATTN(F, H)                                                                                                \
+    lm_cuda_launch(cu, attn_kernel<F, H>, grid, ATT_THREADS, meta, (int)n, (int)n_head, (int)n_head_kv, group,      \
+                   chunks, (int)head_dim, d_kv, (int)kv->block_size, K, V, q, window, scale, max_splits, out, part, \
+                   counts)
     switch (head_dim) { /* the real models' head sizes unrolled; others at run time */
     case 64: f16 ? LM_ATTN(true, 64) : LM_ATTN(false, 64); break;
     case 128: f16 ? LM_ATTN(true, 128) : LM_ATTN(false, 128); break;
@@ -284,11 +349,6 @@ extern "C" lm_status lm_cuda_attention(lm_backend *b, const lm_kv_cache *kv, int
     default: f16 ? LM_ATTN(true, 0) : LM_ATTN(false, 0); break;
     }
 #undef LM_ATTN
-    if (!lm_cuda_launched(cu, "attn_kernel")) return in_pass ? LM_OK : lm_cuda_take_error(cu);
-    if (max_splits > 1) {
-        lm_cuda_launch(cu, attn_combine_kernel, grid.x, ATT_WARPS * 32, meta, (int)n, (int)n_head, (int)head_dim,
-                       window, max_splits, part, out);
-        lm_cuda_launched(cu, "attn_combine_kernel");
-    }
+    lm_cuda_launched(cu, "attn_kernel");
     return in_pass ? LM_OK : lm_cuda_take_error(cu);
 }

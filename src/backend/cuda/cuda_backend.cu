@@ -96,6 +96,9 @@ void *lm_cuda_scratch(lm_cuda_backend *cu, int slot, size_t bytes) {
         return NULL;
     }
     cu->scr_cap[slot] = want;
+    if (slot == LM_CUDA_SCR_COUNTS &&
+        !lm_cuda_ok(cu, cudaMemsetAsync(cu->scr[slot], 0, want, cu->stream), "scratch (counters)"))
+        return NULL;
     return cu->scr[slot];
 }
 

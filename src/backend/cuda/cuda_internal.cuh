@@ -32,6 +32,8 @@ enum lm_cuda_scratch_slot {
     LM_CUDA_SCR_ATTN,  /* attention: split partials                            */
     LM_CUDA_SCR_COPY,  /* copy: staging for overlapping ranges                 */
     LM_CUDA_SCR_TOPK,  /* logits_topk: the candidates before their copy home    */
+    LM_CUDA_SCR_COUNTS, /* attention: split counters (zeroed when allocated; the */
+                        /* kernels leave them at zero)                           */
     LM_CUDA_SCR_COUNT
 };
 

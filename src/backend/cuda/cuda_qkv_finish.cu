@@ -5,7 +5,7 @@
  * lm_cuda_block_sum_sq, lm_cuda_rope_angle), so the results are bit-identical. */
 #include "backend/cuda/cuda_internal.cuh"
 
-enum { QF_THREADS = 256 };
+enum { QF_THREADS = 256, QF_MAX_ROT = 512 };
 
 typedef struct qf_args {
     float *q, *k, *v;
@@ -47,18 +47,24 @@ __global__ void __launch_bounds__(QF_THREADS) qkv_finish_kernel(const __grid_con
         qf_norm_heads(q, a.n_head, a.hd, a.q_norm, a.eps, part);
         qf_norm_heads(k, a.n_head_kv, a.hd, a.k_norm, a.eps, part);
     }
+    /* the angles first, then every (head, pair) at once: a loop over the heads per
+     * pair chained each head's loads behind the last one's stores (8 us a token) */
+    __shared__ float cs[QF_MAX_ROT / 2], sn[QF_MAX_ROT / 2];
     const int32_t pos = meta[t];
     const int half = a.n_rot / 2;
     for (int i = threadIdx.x; i < half; i += QF_THREADS) {
         const double angle = lm_cuda_rope_angle(pos, a.freq_scale, a.theta, i, a.n_rot);
-        const float c = (float)cos(angle), s = (float)sin(angle);
+        cs[i] = (float)cos(angle), sn[i] = (float)sin(angle);
+    }
+    __syncthreads();
+    for (int j = threadIdx.x; j < (a.n_head + a.n_head_kv) * half; j += QF_THREADS) {
+        const int h = j / half, i = j % half;
+        const float c = cs[i], s = sn[i];
         const int i0 = a.neox ? i : 2 * i, i1 = a.neox ? i + half : 2 * i + 1;
-        for (int h = 0; h < a.n_head + a.n_head_kv; h++) {
-            float *x = h < a.n_head ? q + (int64_t)h * a.hd : k + (int64_t)(h - a.n_head) * a.hd;
-            const float x0 = x[i0], x1 = x[i1];
-            x[i0] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-            x[i1] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
-        }
+        float *x = h < a.n_head ? q + (int64_t)h * a.hd : k + (int64_t)(h - a.n_head) * a.hd;
+        const float x0 = x[i0], x1 = x[i1];
+        x[i0] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+        x[i1] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
     }
     __syncthreads();
     const int32_t toff = meta[a.n + t];
@@ -84,7 +90,8 @@ extern "C" void lm_cuda_qkv_finish(lm_backend *b, lm_kv_cache *kv, int64_t layer
         lm_cuda_fail(cu, LM_ERR_INVALID_ARG, "qkv_finish: the KV cache belongs to another backend");
         return;
     }
-    if (n > 2147483647LL || p->n_rot > p->head_dim || p->n_head_kv * p->head_dim != kv->n_embd_kv ||
+    if (n > 2147483647LL || p->n_rot > p->head_dim || p->n_rot > QF_MAX_ROT ||
+        p->n_head_kv * p->head_dim != kv->n_embd_kv ||
         (kv->type != LM_DTYPE_F16 && kv->type != LM_DTYPE_F32) || (p->q_norm && !p->k_norm) ||
         (p->bq && (!p->bk || !p->bv))) {
         lm_cuda_fail(cu, LM_ERR_INVALID_ARG, "qkv_finish: inconsistent arguments (%lld tokens, rot %lld of %lld)",
