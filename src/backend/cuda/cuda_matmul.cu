@@ -30,8 +30,11 @@
  *    through GEMMs of exactly gemm_chunk columns (the last one zero-padded) into a
  *    scratch buffer, so every token sees the same GEMM shape, the same algorithm and
  *    the same pointer alignments whatever the batch: batch-invariant within the path.
- *    gemm_chunk is 256 (LUMEN_CUDA_GEMM_CHUNK): measured on the H200 with a 1.5B
- *    model, 128 / 256 / 512 gave prefill of 512 tokens 33k / 45k / 54k tokens/s.
+ *    The chunk is gemm_chunk (256, LUMEN_CUDA_GEMM_CHUNK) for batches up to that size
+ *    and twice that above it (prompts): two GEMM paths, each batch-invariant. Measured
+ *    on the H200 with a 1.5B model, chunks of 128 / 256 / 512 gave prefill of 512
+ *    tokens 33k / 45k / 54k tokens/s, but a 64-token decode batch padded to 512 runs
+ *    eight times the arithmetic it needs.
  *
  * matmul_many (Q/K/V, gate/up: products of one input): on the tensor-core and
  * matrix-vector paths the weights of one format are one launch over their
@@ -190,6 +193,11 @@ static void dispatch_dequant_bf16(lm_cuda_backend *cu, const lm_weight *w, int64
     }
 }
 
+/* Columns per GEMM for a batch of n tokens (see the header: a function of n only). */
+static int64_t gemm_chunk_of(const lm_cuda_backend *cu, int64_t n) {
+    return n <= cu->gemm_chunk ? cu->gemm_chunk : 2 * cu->gemm_chunk;
+}
+
 static bool cublas_ok(lm_cuda_backend *cu, cublasStatus_t s, const char *what) {
     if (s == CUBLAS_STATUS_SUCCESS) return true;
     lm_cuda_fail(cu, s == CUBLAS_STATUS_ALLOC_FAILED ? LM_ERR_NO_MEMORY : LM_ERR_INTERNAL, "cuBLAS error in %s: %s",
@@ -201,7 +209,7 @@ static bool cublas_ok(lm_cuda_backend *cu, cublasStatus_t s, const char *what) {
  * chunks, as f32 (F32 weights) or rounded to bf16, in the XB scratch. NULL on failure
  * (error recorded). */
 static const void *gemm_prepare_x(lm_cuda_backend *cu, bool f32, const float *x, int64_t n, int64_t cols) {
-    const int64_t n_pad = (n + cu->gemm_chunk - 1) / cu->gemm_chunk * cu->gemm_chunk;
+    const int64_t chunk = gemm_chunk_of(cu, n), n_pad = (n + chunk - 1) / chunk * chunk;
     void *xs = lm_cuda_scratch(cu, LM_CUDA_SCR_XB, (size_t)(n_pad * cols) * (f32 ? 4 : 2));
     if (!xs) return NULL;
     if (f32) {
@@ -221,7 +229,7 @@ static const void *gemm_prepare_x(lm_cuda_backend *cu, bool f32, const float *x,
 /* y = W x on prepared activations xs (gemm_prepare_x with f32 = W is F32). */
 static void gemm_run(lm_cuda_backend *cu, const lm_weight *w, const void *xs, int64_t n, float *y) {
     const int64_t rows = w->rows, cols = w->cols;
-    const int64_t n_pad = (n + cu->gemm_chunk - 1) / cu->gemm_chunk * cu->gemm_chunk;
+    const int64_t chunk = gemm_chunk_of(cu, n), n_pad = (n + chunk - 1) / chunk * chunk;
     const bool f32 = w->type == LM_DTYPE_F32, bf16 = w->type == LM_DTYPE_BF16;
     /* row tile: at most 64 MiB of bf16 and 16384 rows (bounds the scratch); depends
      * on the weight's shape only */
@@ -230,7 +238,7 @@ static void gemm_run(lm_cuda_backend *cu, const lm_weight *w, const void *xs, in
     if (rt > 16384) rt = 16384;
     if (rt > rows) rt = rows;
 
-    float *ys = (float *)lm_cuda_scratch(cu, LM_CUDA_SCR_Y, (size_t)(cu->gemm_chunk * rt) * 4);
+    float *ys = (float *)lm_cuda_scratch(cu, LM_CUDA_SCR_Y, (size_t)(chunk * rt) * 4);
     __nv_bfloat16 *wt = NULL;
     if (!f32 && !bf16) wt = (__nv_bfloat16 *)lm_cuda_scratch(cu, LM_CUDA_SCR_WTILE, (size_t)(rt * cols) * 2);
     if (!ys || (!f32 && !bf16 && !wt)) return;
@@ -247,18 +255,18 @@ static void gemm_run(lm_cuda_backend *cu, const lm_weight *w, const void *xs, in
             if (cu->err) return;
             A = wt;
         }
-        for (int64_t c0 = 0; c0 < n_pad; c0 += cu->gemm_chunk) {
+        for (int64_t c0 = 0; c0 < n_pad; c0 += chunk) {
             cublasStatus_t s;
             if (f32)
-                s = cublasSgemm(cu->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, (int)cu->gemm_chunk, (int)cols, &one,
+                s = cublasSgemm(cu->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, (int)chunk, (int)cols, &one,
                                 (const float *)A, (int)cols, (const float *)xs + c0 * cols, (int)cols, &zero, ys,
                                 (int)nr);
             else
-                s = cublasGemmEx(cu->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, (int)cu->gemm_chunk, (int)cols, &one, A,
+                s = cublasGemmEx(cu->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, (int)chunk, (int)cols, &one, A,
                                  CUDA_R_16BF, (int)cols, (const __nv_bfloat16 *)xs + c0 * cols, CUDA_R_16BF,
                                  (int)cols, &zero, ys, CUDA_R_32F, (int)nr, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
             if (!cublas_ok(cu, s, f32 ? "cublasSgemm" : "cublasGemmEx")) return;
-            int64_t nv = n - c0 < cu->gemm_chunk ? n - c0 : cu->gemm_chunk;
+            int64_t nv = n - c0 < chunk ? n - c0 : chunk;
             /* ys is column-major [gemm_chunk][nr]: token t's nr values are contiguous */
             if (!lm_cuda_ok(cu,
                             cudaMemcpy2DAsync(y + c0 * rows + r0, (size_t)rows * 4, ys, (size_t)nr * 4,
