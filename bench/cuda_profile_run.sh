@@ -10,9 +10,8 @@
 # name: launches, total and mean microseconds. The sum of kernel time against the
 # step's wall time says how much of a step is GPU work and how much is launch and
 # synchronization overhead.
-# Where Nsight Systems (nsys) is installed it is used instead: the real launches, graphs
-# included, with the gaps between kernels (bench/cuda_trace_table.py).
-# Environment: LUMEN_PROFILE_PAR (sequences, default "1 64"), LUMEN_PROFILE_PROMPT
+# Environment: LUMEN_PROFILE_PAR (sequences, default "1 64"; "pp" profiles the prefill of
+# one 512-token prompt instead), LUMEN_PROFILE_PROMPT
 # (prompt tokens of each sequence, default 128), LUMEN_PROFILE_MODELS=hf (the bf16
 # folder only), LUMEN_CUDA_BUILD.
 set -uo pipefail
@@ -24,32 +23,24 @@ PROMPT="${LUMEN_PROFILE_PROMPT:-128}"
 mkdir -p "$OUT" "$BUILD"
 . "$ROOT/bench/cuda_env.sh"
 lumen_cuda_env || exit 2
-lumen_cuda_build lumen_cli bench_make_model || exit 2
+lumen_cuda_build lumen_cli bench_make_model bench_cuda_matvec || exit 2
 lumen_bench_models
 NCU="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2> /dev/null | head -1)"
-NSYS="$(command -v nsys || ls /opt/nvidia/nsight-systems/*/bin/nsys /usr/local/cuda/bin/nsys 2> /dev/null | head -1)"
-echo "ncu: ${NCU:-none}; nsys: ${NSYS:-none}"
+echo "ncu: ${NCU:-none}"
 models="$HF"
 [ "${LUMEN_PROFILE_MODELS:-all}" = hf ] || models="$HF $GGUF"
 for model in $models; do
   for n in $PAR; do
     name="$(basename "$model" | cut -c1-40)-x$n"
+    run=(-p 0 -n 2 -r 1 --parallel "$n" --parallel-prompt "$PROMPT")
+    [ "$n" = pp ] && run=(-p 512 -n 0 -r 1)
     echo "=== $name"
-    timeout 120 "$BUILD/lumen" bench "$model" --backend cuda -p 0 -n 32 -r 3 --parallel "$n" --parallel-prompt 128 2>&1 |
-      grep -E "decode|parallel|tok/s" | head -5
-    if [ -n "$NSYS" ]; then
-      timeout 240 "$NSYS" profile -t cuda --cuda-graph-trace=node -o "$OUT/nsys-$name" -f true \
-        "$BUILD/lumen" bench "$model" --backend cuda -p 0 -n 24 -r 1 --parallel "$n" --parallel-prompt "$PROMPT" \
-        > "$OUT/nsys-$name.log" 2>&1 || echo "nsys status $?"
-      "$NSYS" stats -q --report cuda_gpu_trace --format csv -o "$OUT/trace-$name" "$OUT/nsys-$name.nsys-rep" \
-        >> "$OUT/nsys-$name.log" 2>&1
-      python3 "$ROOT/bench/cuda_trace_table.py" "$OUT/trace-${name}_cuda_gpu_trace.csv" 8
-      continue
-    fi
+    [ "$n" = pp ] || timeout 120 "$BUILD/lumen" bench "$model" --backend cuda -p 0 -n 32 -r 3 --parallel "$n" \
+      --parallel-prompt "$PROMPT" 2>&1 | grep -E "^ +[0-9]" | head -5
     [ -n "$NCU" ] || continue
     timeout 240 "$NCU" --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
-      "$BUILD/lumen" bench "$model" --backend cuda -p 0 -n 2 -r 1 --parallel "$n" --parallel-prompt "$PROMPT" \
-      > "$OUT/ncu-$name.csv" 2> "$OUT/ncu-$name.err" || echo "ncu status $?"
+      "$BUILD/lumen" bench "$model" --backend cuda "${run[@]}" > "$OUT/ncu-$name.csv" 2> "$OUT/ncu-$name.err" ||
+      echo "ncu status $?"
     python3 "$ROOT/bench/cuda_profile_table.py" "$OUT/ncu-$name.csv"
   done
 done
