@@ -1,11 +1,15 @@
 /* The CUDA backend's logits_topk against the CPU reference (lm_logits_topk_host):
  * rows of many kinds (random, a realistic spread, few distinct values with +-0,
  * -inf entries, fewer finite logits than k, +inf, all equal, NaN) for vocabularies
- * from 1 to 262144 and k from 1 to 256 (and k = n_vocab): ids, values and max bit
- * for bit, log-sum-exp within 1e-6; outputs in page-locked and in ordinary host
- * memory; lm_forward_topk on a tiny model equal to lm_forward's logits reduced on the
- * host; and the time of the op beside the download it replaces (256 rows of a 152k
- * vocabulary). Exits 77 (skipped) without a CUDA build or a GPU. */
+ * from 1 to 5,000,000 (one slice, many, a short last one, and the candidate levels
+ * the largest need) and k from 1 to 256 (and k = n_vocab): ids, values and max bit
+ * for bit, log-sum-exp within 1e-6; ties and NaNs placed on the GPU's slice
+ * boundaries (slices of 4096 logits: cuda_topk.cu); a row's outputs bit for bit the
+ * same alone as among 37 or 12 rows (batch invariance); outputs in page-locked and
+ * in ordinary host memory; lm_forward_topk on a tiny model equal to lm_forward's
+ * logits reduced on the host; and the time of the op for 1, 64 and 256 rows of a 152k
+ * vocabulary beside the download it replaces. Exits 77 (skipped) without a CUDA
+ * build or a GPU. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,11 +77,9 @@ static void *gpu_upload(const void *h, size_t bytes) {
     return d;
 }
 
-/* n_rows rows of n_vocab through both, compared */
-static void run_case(int64_t n_rows, int64_t n_vocab, int k, bool pinned) {
+/* the host rows x [n_rows][n_vocab] through both, compared; `what` names the case */
+static void check_rows(const float *x, int64_t n_rows, int64_t n_vocab, int k, bool pinned, const char *what) {
     size_t nx = (size_t)(n_rows * n_vocab), nk = (size_t)(n_rows * k);
-    float *x = malloc(sizeof(float) * nx);
-    for (int64_t r = 0; r < n_rows; r++) make_row(x + r * n_vocab, n_vocab, (int)(r % KINDS));
     int32_t *ids = malloc(sizeof(int32_t) * nk);
     float *vals = malloc(sizeof(float) * nk), *mx = malloc(sizeof(float) * (size_t)n_rows),
           *lse = malloc(sizeof(float) * (size_t)n_rows);
@@ -97,16 +99,22 @@ static void run_case(int64_t n_rows, int64_t n_vocab, int k, bool pinned) {
             ok = isnan(gmx[r]) && isnan(glse[r]) && a[0] == b[0];
         } else {
             ok = memcmp(a, b, sizeof(int32_t) * (size_t)k) == 0 &&
-                 memcmp(vals + r * k, gvals + r * k, sizeof(float) * (size_t)k) == 0 && mx[r] == gmx[r];
+                 memcmp(vals + r * k, gvals + r * k, sizeof(float) * (size_t)k) == 0 &&
+                 memcmp(&mx[r], &gmx[r], sizeof(float)) == 0; /* -0 and +0 too */
             if (isinf(lse[r]))
                 ok &= lse[r] == glse[r];
             else
                 ok &= fabs((double)lse[r] - (double)glse[r]) <= 1e-6 * (1.0 + fabs((double)lse[r]));
         }
-        if (!ok && bad++ < 3)
-            fprintf(stderr, "  %lld rows x %lld, k %d, row %lld (kind %d): first ids cpu %d gpu %d, max %g/%g, lse %g/%g\n",
-                    (long long)n_rows, (long long)n_vocab, k, (long long)r, (int)(r % KINDS), a[0], b[0],
+        if (!ok && bad++ < 3) {
+            int i = 0;
+            while (i < k - 1 && a[i] == b[i]) i++;
+            fprintf(stderr,
+                    "  %s: %lld rows x %lld, k %d, row %lld: first ids cpu %d gpu %d, at %d cpu %d gpu %d, "
+                    "max %g/%g, lse %.9g/%.9g\n",
+                    what, (long long)n_rows, (long long)n_vocab, k, (long long)r, a[0], b[0], i, a[i], b[i],
                     (double)mx[r], (double)gmx[r], (double)lse[r], (double)glse[r]);
+        }
     }
     CHECK(bad == 0);
     /* without log-sum-exp: the same candidates */
@@ -121,7 +129,93 @@ static void run_case(int64_t n_rows, int64_t n_vocab, int k, bool pinned) {
     } else {
         free(gids), free(gvals);
     }
-    free(x), free(ids), free(vals), free(mx), free(lse), free(gmx), free(glse);
+    free(ids), free(vals), free(mx), free(lse), free(gmx), free(glse);
+}
+
+/* n_rows rows of n_vocab, the kinds in turn, through both, compared */
+static void run_case(int64_t n_rows, int64_t n_vocab, int k, bool pinned) {
+    float *x = malloc(sizeof(float) * (size_t)(n_rows * n_vocab));
+    for (int64_t r = 0; r < n_rows; r++) make_row(x + r * n_vocab, n_vocab, (int)(r % KINDS));
+    check_rows(x, n_rows, n_vocab, k, pinned, "kinds");
+    free(x);
+}
+
+/* ties, NaNs and infinities on the GPU's slice boundaries (4096 logits a slice) */
+static void test_boundaries(void) {
+    enum { SL = 4096, ROWS = 8 };
+    const int64_t n = 3 * SL + 17; /* a short last slice */
+    float *x = malloc(sizeof(float) * (size_t)(ROWS * n));
+    for (int64_t t = 0; t < ROWS * n; t++) x[t] = -1.0f;
+    float *r0 = x, *r1 = x + n, *r2 = x + 2 * n, *r3 = x + 3 * n, *r4 = x + 4 * n, *r5 = x + 5 * n,
+          *r6 = x + 6 * n, *r7 = x + 7 * n;
+    /* row 0: equal best logits on either side of each boundary, a band of equal
+     * seconds across two of them */
+    const int64_t best[] = {SL - 1, SL, 2 * SL - 1, 2 * SL, 3 * SL, n - 1};
+    for (size_t i = 0; i < sizeof best / sizeof best[0]; i++) r0[best[i]] = 5.0f;
+    for (int64_t t = SL - 100; t < SL + 100; t++)
+        if (r0[t] != 5.0f) r0[t] = 4.0f;
+    for (int64_t t = 2 * SL - 150; t < 2 * SL + 150; t++)
+        if (r0[t] != 5.0f) r0[t] = 4.0f;
+    /* row 1: 100 equal logits at the end of slice 0, 300 at the start of slice 1,
+     * the rest -inf: k = 256 takes all of the first and the lowest 156 of the second */
+    for (int64_t t = 0; t < n; t++) r1[t] = (t >= SL - 100 && t < SL + 300) ? 1.0f : -INFINITY;
+    /* row 2: NaNs in slices 1, 2 and the last: the first is 5000 */
+    r2[9000] = -NAN;
+    r2[5000] = NAN;
+    r2[n - 1] = NAN;
+    /* row 3: +inf on both sides of a boundary */
+    r3[SL] = INFINITY;
+    r3[SL - 1] = INFINITY;
+    r3[7] = 3.0f;
+    /* row 4: all -inf */
+    for (int64_t t = 0; t < n; t++) r4[t] = -INFINITY;
+    /* row 5: all zeros, -0 and +0 alternating: ids 0..k-1, the max -0 or +0 as the reference has it */
+    for (int64_t t = 0; t < n; t++) r5[t] = (t & 1) ? 0.0f : -0.0f;
+    /* row 6: the best only in the short last slice, equal seconds in every slice's last 40 */
+    r6[n - 3] = 2.0f;
+    for (int64_t s = 0; s < 4; s++)
+        for (int64_t t = s * SL + SL - 40; t < s * SL + SL && t < n; t++)
+            if (r6[t] != 2.0f) r6[t] = 1.5f;
+    /* row 7: a NaN as the very first logit */
+    r7[0] = NAN;
+    const int ks[] = {1, 4, 6, 7, 64, 100, 256};
+    for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++) check_rows(x, ROWS, n, ks[i], i % 2 == 0, "boundaries");
+    free(x);
+}
+
+/* batch invariance: each row alone, and among 12 rows, gives the bits it gives
+ * among all n_rows (37), NaN rows' outputs included */
+static void test_invariance(int64_t n_vocab, int k) {
+    enum { ROWS = 37, SUB0 = 5, SUB = 12 };
+    size_t nx = (size_t)(ROWS * n_vocab), nk = (size_t)(ROWS * k);
+    float *x = malloc(sizeof(float) * nx);
+    for (int64_t r = 0; r < ROWS; r++) make_row(x + r * n_vocab, n_vocab, (int)(r % KINDS));
+    float *d = gpu_upload(x, sizeof(float) * nx);
+    int32_t *ids = malloc(sizeof(int32_t) * nk), *ids1 = malloc(sizeof(int32_t) * nk);
+    float *vals = malloc(sizeof(float) * nk), *vals1 = malloc(sizeof(float) * nk);
+    float mx[ROWS], lse[ROWS], mx1[ROWS], lse1[ROWS];
+    if (d) {
+        CHECK(g_gpu->ops->logits_topk(g_gpu, d, ROWS, n_vocab, k, ids, vals, mx, lse) == LM_OK);
+        for (int64_t r = 0; r < ROWS; r++)
+            CHECK(g_gpu->ops->logits_topk(g_gpu, d + r * n_vocab, 1, n_vocab, k, ids1 + r * k, vals1 + r * k, mx1 + r,
+                                          lse1 + r) == LM_OK);
+        int bad = 0;
+        for (int64_t r = 0; r < ROWS; r++) {
+            bool ok = memcmp(ids + r * k, ids1 + r * k, sizeof(int32_t) * (size_t)k) == 0 &&
+                      memcmp(vals + r * k, vals1 + r * k, sizeof(float) * (size_t)k) == 0 &&
+                      memcmp(&mx[r], &mx1[r], sizeof(float)) == 0 && memcmp(&lse[r], &lse1[r], sizeof(float)) == 0;
+            if (!ok && bad++ < 3)
+                fprintf(stderr, "  invariance %lld x %lld, k %d: row %lld alone differs (lse %.9g / %.9g)\n",
+                        (long long)ROWS, (long long)n_vocab, k, (long long)r, (double)lse[r], (double)lse1[r]);
+        }
+        CHECK(bad == 0);
+        CHECK(g_gpu->ops->logits_topk(g_gpu, d + SUB0 * n_vocab, SUB, n_vocab, k, ids1, vals1, mx1, lse1) == LM_OK);
+        CHECK(memcmp(ids + SUB0 * k, ids1, sizeof(int32_t) * (size_t)(SUB * k)) == 0);
+        CHECK(memcmp(vals + SUB0 * k, vals1, sizeof(float) * (size_t)(SUB * k)) == 0);
+        CHECK(memcmp(mx + SUB0, mx1, sizeof(float) * SUB) == 0 && memcmp(lse + SUB0, lse1, sizeof(float) * SUB) == 0);
+        g_gpu->ops->free(g_gpu, d);
+    }
+    free(x), free(ids), free(ids1), free(vals), free(vals1);
 }
 
 static void test_op(void) {
@@ -135,6 +229,15 @@ static void test_op(void) {
         if (n <= LM_TOPK_MAX) run_case(rows, n, (int)n, true); /* k = n_vocab */
     }
     run_case(256, 2048, 64, true); /* many blocks */
+    run_case(KINDS, 300000, 256, false); /* 74 slices x 256 candidates: a level between */
+    run_case(KINDS, 300000, 100, true);
+    run_case(2, 5000000, 256, true); /* two levels between */
+    run_case(2, 5000000, 3, false);
+    test_boundaries();
+    test_invariance(151936, 64);
+    test_invariance(151936, 256);
+    test_invariance(300000, 256);
+    test_invariance(1000, 8);
     /* bad arguments */
     int32_t ids[4];
     float vals[4], mx;
@@ -190,10 +293,10 @@ static void test_forward(void) {
     rmdir(dir);
 }
 
-/* what the op saves: 256 rows of a 152k vocabulary, reduced vs downloaded */
-static void time_op(void) {
-    const int64_t rows = 256, nv = 151936;
-    const int k = 64, reps = 20;
+/* what the op saves: rows of a 152k vocabulary, reduced vs downloaded */
+static void time_op(int64_t rows) {
+    const int64_t nv = 151936;
+    const int k = 64, reps = rows < 16 ? 200 : 20;
     size_t nx = (size_t)(rows * nv);
     float *x = malloc(sizeof(float) * nx);
     for (int64_t r = 0; r < rows; r++) make_row(x + r * nv, nv, K_SPREAD);
@@ -209,8 +312,8 @@ static void time_op(void) {
         double t1 = now_s();
         for (int i = 0; i < reps; i++) g_gpu->ops->download(g_gpu, host, d, sizeof(float) * nx);
         double t2 = now_s();
-        printf("256 rows x 151936: logits_topk (k=64) %.3f ms, full download %.3f ms\n", (t1 - t0) * 1e3 / reps,
-               (t2 - t1) * 1e3 / reps);
+        printf("%3lld row%s x 151936: logits_topk (k=64) %.3f ms, full download %.3f ms (each with its synchronize)\n",
+               (long long)rows, rows == 1 ? " " : "s", (t1 - t0) * 1e3 / reps, (t2 - t1) * 1e3 / reps);
     }
     if (d) g_gpu->ops->free(g_gpu, d);
     lm_backend_host_free(g_gpu, host);
@@ -240,7 +343,9 @@ int main(void) {
     }
     test_op();
     test_forward();
-    time_op();
+    time_op(1);
+    time_op(64);
+    time_op(256);
     lm_backend_free(g_gpu);
     TEST_MAIN_END();
 }

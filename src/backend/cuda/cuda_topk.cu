@@ -2,34 +2,94 @@
  * k best candidates, its max and log-sum-exp, so a decode step copies back k values
  * per sequence instead of the whole vocabulary (152k floats = 600 KB a row).
  *
- * One block per row. Floats are compared through an order-preserving uint32 key
- * (negatives bit-flipped, positives with the sign bit set; -0 keyed as +0 since they
- * compare equal), so the k-th largest value is found by a radix select: three
- * histogram passes over the row on 11, 11 and 10 bits of the key narrow it down to
- * one key T and to how many entries equal to T are taken. A last pass gathers the
- * entries above T (in any order) and the first of those equal to T by increasing id
- * (a block scan per tile keeps their order), and the <= 256 candidates are sorted
- * in shared memory (bitonic: key descending, id ascending), the CPU reference's
- * order exactly. The first pass also finds the max and any NaN (the row is then
- * marked, as backend.h says); the second sums exp(l - max) in double. */
+ * Why split rows: one 1024-thread block per row took 225 us for a single row of
+ * 151,936 logits on the H200 (and 235 us for 64 rows): one block streaming 600 KB
+ * through four passes is bound by its own memory latency, while 131 SMs sit idle.
+ * A row is now cut into slices of SLICE = 4096 logits, one block each:
+ *
+ *   slices  [row][slice]: the slice's k best (a radix select on registers), written
+ *           IN ID ORDER (not sorted), padded to k with key 0 past a short last
+ *           slice; the slice's max, first NaN, and sum of exp(l - slice max) in double.
+ *   (mid)   only when slices x k > FIN_CAP (k = 256 and a vocabulary over 256k): the
+ *           same kernel on the candidates, slices of 4096 candidates, until they fit.
+ *   final   [row]: the k best of the <= FIN_CAP candidates by the same radix select,
+ *           ranked (key descending, id ascending: the CPU reference's order) and
+ *           written with their logits read from the row; the max is the first
+ *           candidate's logit (bit for bit the reference's, -0 included); the lse
+ *           combines the slices' sums in slice order; a NaN row is marked.
+ *
+ * Every candidate list keeps id order (slices in order, ids ascending inside each),
+ * so "the first `need` entries equal to the k-th key" in list order are the ones of
+ * lowest id, the reference's tie rule, at every level; a slice's share of the row's
+ * k best is always within the slice's own k best, so nothing is lost. The number of
+ * slices and levels depends on n_vocab and k only, and each row is reduced by its own
+ * blocks in a fixed order: a row's outputs (max and lse bits included) do not depend
+ * on how many rows share the call. Rows go in chunks of at most 65535 (the grid's y)
+ * and a bounded scratch; chunking changes nothing within a row.
+ *
+ * Floats are compared through an order-preserving uint32 key (negatives bit-flipped,
+ * positives with the sign bit set; -0 keyed as +0 since they compare equal). The
+ * radix select narrows the k-th largest key down on 11, 11 and 10 bits (histograms
+ * in shared memory, stopping early once the chosen bin holds exactly the entries
+ * still needed); a block-wide scan of ballots in item order gives each taken entry
+ * its place in the id-ordered output. */
 #include <climits>
 
 #include "backend/cuda/cuda_internal.cuh"
 
 namespace {
 
-constexpr int THREADS = 1024;
-constexpr int WARPS = THREADS / 32;
-constexpr int NBINS = 2048; /* the widest digit: 11 bits */
-constexpr int SORT_MAX = 256; /* LM_TOPK_MAX, a power of two */
-static_assert(SORT_MAX == LM_TOPK_MAX, "the sort holds LM_TOPK_MAX candidates");
+constexpr int SLICE = 4096;                       /* logits (or candidates) per slice block  */
+constexpr int SL_THREADS = 256;                   /* slice blocks: 16 items a thread         */
+constexpr int SL_ITEMS = SLICE / SL_THREADS;
+constexpr int FIN_THREADS = 1024;                 /* the final block of a row                */
+constexpr int FIN_ITEMS = 16;
+constexpr int FIN_CAP = FIN_THREADS * FIN_ITEMS;  /* 16384 = 64 slices of k = 256            */
+constexpr int NBINS = 2048;                       /* the widest digit: 11 bits               */
+constexpr size_t CHUNK_BYTES = (size_t)64 << 20;  /* work scratch for one chunk of rows      */
+static_assert(LM_TOPK_MAX == 256, "the final ranks LM_TOPK_MAX candidates");
+static_assert(SLICE % SL_THREADS == 0 && SL_ITEMS <= 32 && FIN_ITEMS <= 32, "a presence bit per item");
+
+/* What a slice tells the final block of its row. */
+struct slice_stat {
+    double sum; /* sum of exp(l - max) over the slice, in double; 0 when max is
+                 * not finite, the slice holds a NaN, or no lse is wanted      */
+    float max;  /* the largest non-NaN logit (-inf for none)                   */
+    int nan;    /* the first id whose logit is NaN, INT_MAX for none           */
+};
 
 __device__ __forceinline__ uint32_t order_key(float x) {
     uint32_t u = x == 0.0f ? 0u : __float_as_uint(x);
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+/* The float of a key (-0 comes back as +0). */
+__device__ __forceinline__ float key_value(uint32_t k) {
+    return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+/* Candidate a goes before candidate b. */
+__device__ __forceinline__ bool better(uint32_t ka, int32_t ia, uint32_t kb, int32_t ib) {
+    return ka > kb || (ka == kb && ia < ib);
+}
+
+/* Shared memory of the select and the ordered compaction of NT threads x IT items.
+ * Item j of thread t is entry j * NT + t of the block's list: loads coalesce. */
+template <int NT, int IT>
+struct select_smem {
+    static constexpr int NW = NT / 32;
+    static constexpr int E = IT * NW;    /* (item, warp) counts, in list order */
+    static constexpr int EL = E / 32;    /* per lane of the scanning warp      */
+    int hist[NBINS];
+    int warp_tot[NW];
+    int counts[E + E / 32];              /* padded: lane l reads EL in a row   */
+    int chosen, above, count;
+};
+
+__device__ __forceinline__ int pad32(int e) { return e + (e >> 5); }
+
 /* Exclusive prefix sum of v over the block in thread order; *total = the sum. */
+template <int NT>
 __device__ __forceinline__ int block_excl_scan(int v, int *warp_tot, int *total) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int incl = v;
@@ -41,8 +101,8 @@ __device__ __forceinline__ int block_excl_scan(int v, int *warp_tot, int *total)
     if (lane == 31) warp_tot[warp] = incl;
     __syncthreads();
     int base = 0, sum = 0;
-#pragma unroll 4
-    for (int w = 0; w < WARPS; w++) {
+#pragma unroll 8
+    for (int w = 0; w < NT / 32; w++) {
         int t = warp_tot[w];
         base += w < warp ? t : 0;
         sum += t;
@@ -53,193 +113,327 @@ __device__ __forceinline__ int block_excl_scan(int v, int *warp_tot, int *total)
 }
 
 /* The bin holding the need-th largest entry of a histogram of nbins (bins higher =
- * larger keys): sets *chosen and *above (entries in the bins above it). Thread t
- * owns bins counted down from the top, so the scan in thread order sums the bins
- * above each of them. */
-__device__ __forceinline__ void select_bin(const int *hist, int nbins, int need, int *warp_tot, int *chosen,
-                                           int *above) {
-    const int per = nbins / THREADS; /* 2 or 1 */
+ * larger keys): sets chosen, above (entries in the bins above it) and count (its
+ * own entries). Thread t owns bins counted down from the top, so the scan in thread
+ * order sums the bins above each of them. */
+template <int NT, int IT>
+__device__ __forceinline__ void select_bin(select_smem<NT, IT> &sm, int nbins, int need) {
+    const int per = nbins / NT;
     const int hi = nbins - 1 - (int)threadIdx.x * per;
     int mine = 0;
-    for (int j = 0; j < per; j++) mine += hist[hi - j];
+    for (int j = 0; j < per; j++) mine += sm.hist[hi - j];
     int total;
-    int acc = block_excl_scan(mine, warp_tot, &total);
+    int acc = block_excl_scan<NT>(mine, sm.warp_tot, &total);
     for (int j = 0; j < per; j++) {
-        int c = hist[hi - j];
+        int c = sm.hist[hi - j];
         if (acc < need && acc + c >= need) {
-            *chosen = hi - j;
-            *above = acc;
+            sm.chosen = hi - j;
+            sm.above = acc;
+            sm.count = c;
         }
         acc += c;
     }
     __syncthreads();
 }
 
-/* Candidate a goes before candidate b. */
-__device__ __forceinline__ bool better(uint32_t ka, int32_t ia, uint32_t kb, int32_t ib) {
-    return ka > kb || (ka == kb && ia < ib);
+/* Where the block's k best are cut: an entry is taken when (key >> shift) > prefix,
+ * or when (key >> shift) == prefix and fewer than `need` such entries come before
+ * it in list order. all: every present entry is taken (no more than k present). */
+struct cut {
+    uint32_t prefix;
+    int shift, need;
+    bool all;
+};
+
+/* The radix select over the block's present entries (bit j of `present`). */
+template <int NT, int IT>
+__device__ cut radix_cut(const uint32_t (&key)[IT], unsigned present, int n_present, int k,
+                         select_smem<NT, IT> &sm) {
+    if (n_present <= k) return cut{0u, 0, 0, true};
+    const int lane = threadIdx.x & 31;
+    int need = k;
+    uint32_t prefix = 0;
+    int prev_shift = 32;
+#pragma unroll
+    for (int pass = 0; pass < 3; pass++) {
+        const int shift = pass == 0 ? 21 : pass == 1 ? 10 : 0;
+        const int width = pass == 2 ? 10 : 11, nb = 1 << width;
+        for (int i = threadIdx.x; i < nb; i += NT) sm.hist[i] = 0;
+        __syncthreads();
+        /* lanes of a warp that fall into one bin add once: logits crowd into a few
+         * bins of the top digit, and equal entries into one of the later ones */
+#pragma unroll
+        for (int j = 0; j < IT; j++) {
+            const bool m = ((present >> j) & 1u) && (pass == 0 || (key[j] >> prev_shift) == prefix);
+            if (__any_sync(0xffffffffu, m)) {
+                const int bin = m ? (int)((key[j] >> shift) & (uint32_t)(nb - 1)) : -1;
+                const unsigned peers = __match_any_sync(0xffffffffu, bin);
+                if (m && lane == __ffs(peers) - 1) atomicAdd(&sm.hist[bin], __popc(peers));
+            }
+        }
+        __syncthreads();
+        select_bin(sm, nb, need);
+        need -= sm.above;
+        prefix = (prefix << width) | (uint32_t)sm.chosen;
+        prev_shift = shift;
+        if (sm.count == need || shift == 0) break; /* the bin is taken whole, or exact */
+    }
+    return cut{prefix, prev_shift, need, false};
 }
 
-__global__ void __launch_bounds__(THREADS)
-    topk_rows(const float *__restrict__ logits, int64_t n, int k, bool want_lse, int32_t *out_ids, float *out_vals,
-              float *out_max, float *out_lse) {
-    __shared__ int hist[NBINS];
-    __shared__ uint32_t cand_key[SORT_MAX];
-    __shared__ int32_t cand_id[SORT_MAX];
-    __shared__ int warp_tot[WARPS];
-    __shared__ float warp_max[WARPS];
-    __shared__ double warp_sum[WARPS];
-    __shared__ int s_nan, s_chosen, s_above, s_gt;
+/* The taken entries' places in list order: emit(j, pos) for each taken item j of
+ * this thread, pos in [0, min(k, n_present)). A packed count per (item, warp): entries
+ * above the cut in the low 16 bits, entries on it in the high 16. */
+template <int NT, int IT, typename Emit>
+__device__ __forceinline__ void compact(const uint32_t (&key)[IT], unsigned present, const cut &c,
+                                        select_smem<NT, IT> &sm, Emit emit) {
+    using S = select_smem<NT, IT>;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const unsigned lt = (1u << lane) - 1u;
+#pragma unroll
+    for (int j = 0; j < IT; j++) {
+        const bool p = (present >> j) & 1u;
+        const bool gt = p && (c.all || (key[j] >> c.shift) > c.prefix);
+        const bool eq = p && !c.all && (key[j] >> c.shift) == c.prefix;
+        const unsigned bg = __ballot_sync(0xffffffffu, gt), be = __ballot_sync(0xffffffffu, eq);
+        if (lane == 0) sm.counts[pad32(j * S::NW + warp)] = __popc(bg) | (__popc(be) << 16);
+    }
+    __syncthreads();
+    if (warp == 0) { /* exclusive scan of the E counts in (item, warp) order */
+        int v[S::EL], run = 0;
+#pragma unroll
+        for (int m = 0; m < S::EL; m++) {
+            v[m] = sm.counts[pad32(lane * S::EL + m)];
+            run += v[m];
+        }
+        int incl = run;
+#pragma unroll
+        for (int off = 1; off < 32; off <<= 1) {
+            int y = __shfl_up_sync(0xffffffffu, incl, off);
+            if (lane >= off) incl += y;
+        }
+        int base = incl - run;
+#pragma unroll
+        for (int m = 0; m < S::EL; m++) {
+            sm.counts[pad32(lane * S::EL + m)] = base;
+            base += v[m];
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < IT; j++) {
+        const bool p = (present >> j) & 1u;
+        const bool gt = p && (c.all || (key[j] >> c.shift) > c.prefix);
+        const bool eq = p && !c.all && (key[j] >> c.shift) == c.prefix;
+        const unsigned bg = __ballot_sync(0xffffffffu, gt), be = __ballot_sync(0xffffffffu, eq);
+        const int base = sm.counts[pad32(j * S::NW + warp)];
+        const int gb = (base & 0xffff) + __popc(bg & lt), eb = (base >> 16) + __popc(be & lt);
+        if (gt)
+            emit(j, gb + min(eb, c.need));
+        else if (eq && eb < c.need)
+            emit(j, gb + eb);
+    }
+}
+
+/* One block per (slice, row) of a list of n entries per row: the slice's k best in
+ * list order, to out[row][slice][k]. RAW: the list is the logits row (ids are
+ * positions) and the slice's stat is written; else (key, id) candidates of a level
+ * before. */
+template <bool RAW>
+__global__ void __launch_bounds__(SL_THREADS, 4)
+    topk_slices(const float *__restrict__ logits, const uint32_t *__restrict__ in_key,
+                const int32_t *__restrict__ in_id, int64_t n, int k, bool want_lse, uint32_t *__restrict__ out_key,
+                int32_t *__restrict__ out_id, slice_stat *__restrict__ stats) {
+    using S = select_smem<SL_THREADS, SL_ITEMS>;
+    __shared__ S sm;
+    __shared__ float s_max[S::NW];
+    __shared__ int s_nan[S::NW];
+    __shared__ double s_sum[S::NW];
+    lm_pdl_enter();
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int slice = blockIdx.x;
+    const int64_t row = blockIdx.y, start = (int64_t)slice * SLICE;
+    const int len = (int)min((int64_t)SLICE, n - start);
+    uint32_t key[SL_ITEMS];
+    unsigned present = 0;
+    float mx = -INFINITY;
+    int nan = INT_MAX;
+    if (RAW) {
+        const float *x = logits + row * n + start;
+#pragma unroll
+        for (int j = 0; j < SL_ITEMS; j++) {
+            const int i = j * SL_THREADS + tid;
+            float v = i < len ? x[i] : -INFINITY;
+            key[j] = order_key(v);
+            if (i < len) present |= 1u << j;
+            if (isnan(v))
+                nan = min(nan, (int)(start + i));
+            else
+                mx = fmaxf(mx, v);
+        }
+    } else {
+        const uint32_t *kin = in_key + row * n + start;
+#pragma unroll
+        for (int j = 0; j < SL_ITEMS; j++) {
+            const int i = j * SL_THREADS + tid;
+            key[j] = i < len ? kin[i] : 0u;
+            if (i < len) present |= 1u << j;
+        }
+    }
+
+    if (RAW) { /* the slice's max and first NaN, then its sum of exp in double */
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+            nan = min(nan, __shfl_xor_sync(0xffffffffu, nan, off));
+        }
+        if (lane == 0) s_max[warp] = mx, s_nan[warp] = nan;
+        __syncthreads();
+        mx = -INFINITY, nan = INT_MAX;
+#pragma unroll
+        for (int w = 0; w < S::NW; w++) mx = fmaxf(mx, s_max[w]), nan = min(nan, s_nan[w]);
+        double sum = 0.0;
+        if (want_lse && nan == INT_MAX && isfinite(mx)) {
+#pragma unroll
+            for (int j = 0; j < SL_ITEMS; j++)
+                if ((present >> j) & 1u) sum += exp((double)key_value(key[j]) - (double)mx);
+        }
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+        if (lane == 0) s_sum[warp] = sum; /* read after the select's barriers */
+    }
+
+    const cut c = radix_cut(key, present, len, k, sm);
+    const int64_t obase = ((int64_t)row * gridDim.x + slice) * k;
+    compact(key, present, c, sm, [&](int j, int pos) {
+        const int i = j * SL_THREADS + tid;
+        out_key[obase + pos] = key[j];
+        out_id[obase + pos] = RAW ? (int32_t)(start + i) : in_id[row * n + start + i];
+    });
+    for (int i = min(len, k) + tid; i < k; i += SL_THREADS) { /* a short slice: padding below every float */
+        out_key[obase + i] = 0u;
+        out_id[obase + i] = -1;
+    }
+    if (RAW && tid == 0) {
+        double sum = 0.0;
+        for (int w = 0; w < S::NW; w++) sum += s_sum[w];
+        stats[(int64_t)row * gridDim.x + slice] = slice_stat{sum, mx, nan};
+    }
+}
+
+/* One block per row: the k best of the row's n_in candidates (list order = id
+ * order), ranked and written out with the max and lse combined from the row's
+ * n_stats slices. */
+__global__ void __launch_bounds__(FIN_THREADS)
+    topk_final(const float *__restrict__ logits, int64_t n_vocab, const uint32_t *__restrict__ in_key,
+               const int32_t *__restrict__ in_id, int n_in, const slice_stat *__restrict__ stats, int n_stats, int k,
+               bool want_lse, int32_t *__restrict__ out_ids, float *__restrict__ out_vals,
+               float *__restrict__ out_max, float *__restrict__ out_lse) {
+    using S = select_smem<FIN_THREADS, FIN_ITEMS>;
+    __shared__ S sm;
+    __shared__ uint32_t cand_key[LM_TOPK_MAX];
+    __shared__ int32_t cand_id[LM_TOPK_MAX];
+    __shared__ int rank[LM_TOPK_MAX];
+    __shared__ double s_sum[S::NW];
+    __shared__ int s_nan;
+    __shared__ float s_mx;
+    lm_pdl_enter();
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int64_t row = blockIdx.x;
-    const float *x = logits + row * n;
+    const float *x = logits + row * n_vocab;
+    const slice_stat *st = stats + row * n_stats;
     int32_t *oid = out_ids + row * k;
     float *oval = out_vals + row * k;
 
-    for (int i = tid; i < NBINS; i += THREADS) hist[i] = 0;
-    if (tid == 0) s_nan = INT_MAX, s_gt = 0;
+    if (tid == 0) s_nan = INT_MAX;
+    for (int i = tid; i < k; i += FIN_THREADS) rank[i] = 0;
     __syncthreads();
-
-    /* pass 1: max, NaN, histogram of the key's top 11 bits (lanes of a warp that
-     * fall into one bin add once: logits crowd into a few bins here) */
-    float mx = -INFINITY;
-    for (int64_t base = 0; base < n; base += THREADS) {
-        const int64_t i = base + tid;
-        int bin = -1;
-        if (i < n) {
-            float v = x[i];
-            if (isnan(v)) {
-                atomicMin(&s_nan, (int)i);
-            } else {
-                mx = fmaxf(mx, v);
-                bin = (int)(order_key(v) >> 21);
-            }
-        }
-        const unsigned peers = __match_any_sync(0xffffffffu, bin);
-        if (bin >= 0 && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], __popc(peers));
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-    if (lane == 0) warp_max[warp] = mx;
+    int nan = INT_MAX;
+    for (int s = tid; s < n_stats; s += FIN_THREADS) nan = min(nan, st[s].nan);
+    if (nan != INT_MAX) atomicMin(&s_nan, nan);
     __syncthreads();
-    mx = -INFINITY;
-    for (int w = 0; w < WARPS; w++) mx = fmaxf(mx, warp_max[w]);
-
     if (s_nan != INT_MAX) { /* the row is marked; the sampler reports the first NaN */
-        for (int i = tid; i < k; i++) {
+        const float qnan = __int_as_float(0x7fc00000);
+        for (int i = tid; i < k; i += FIN_THREADS) {
             oid[i] = i == 0 ? s_nan : -1;
-            oval[i] = __int_as_float(0x7fc00000);
+            oval[i] = i == 0 ? x[s_nan] : qnan;
         }
         if (tid == 0) {
-            out_max[row] = __int_as_float(0x7fc00000);
-            if (want_lse) out_lse[row] = __int_as_float(0x7fc00000);
+            out_max[row] = qnan;
+            if (want_lse) out_lse[row] = qnan;
         }
         return;
     }
 
-    /* the radix select: after each digit, `prefix` holds the key bits known so far
-     * and `need` how many entries with that prefix are still to take */
-    int need = k;
-    select_bin(hist, NBINS, need, warp_tot, &s_chosen, &s_above);
-    uint32_t prefix = (uint32_t)s_chosen; /* bits 31..21 */
-    need -= s_above;
-    for (int i = tid; i < NBINS; i += THREADS) hist[i] = 0;
+    const uint32_t *kin = in_key + row * n_in;
+    const int32_t *iin = in_id + row * n_in;
+    uint32_t key[FIN_ITEMS];
+    unsigned present = 0;
+#pragma unroll
+    for (int j = 0; j < FIN_ITEMS; j++) {
+        const int i = j * FIN_THREADS + tid;
+        key[j] = i < n_in ? kin[i] : 0u;
+        if (i < n_in) present |= 1u << j;
+    }
+    const cut c = radix_cut(key, present, n_in, k, sm);
+    compact(key, present, c, sm, [&](int j, int pos) {
+        cand_key[pos] = key[j];
+        cand_id[pos] = iin[j * FIN_THREADS + tid];
+    });
     __syncthreads();
 
-    /* pass 2: bits 20..10 among the entries of that prefix, and the sum of exp */
-    const bool sum_exp = want_lse && isfinite(mx);
-    double sum = 0.0;
-    for (int64_t i = tid; i < n; i += THREADS) {
-        float v = x[i];
-        if (sum_exp) sum += exp((double)v - (double)mx);
-        uint32_t key = order_key(v);
-        if ((key >> 21) == prefix) atomicAdd(&hist[(key >> 10) & 0x7ff], 1);
-    }
-    __syncthreads();
-    select_bin(hist, NBINS, need, warp_tot, &s_chosen, &s_above);
-    prefix = (prefix << 11) | (uint32_t)s_chosen; /* bits 31..10 */
-    need -= s_above;
-    for (int i = tid; i < NBINS; i += THREADS) hist[i] = 0;
-    __syncthreads();
-
-    /* pass 3: bits 9..0 */
-    for (int64_t i = tid; i < n; i += THREADS) {
-        uint32_t key = order_key(x[i]);
-        if ((key >> 10) == prefix) atomicAdd(&hist[key & 0x3ff], 1);
-    }
-    __syncthreads();
-    select_bin(hist, 1024, need, warp_tot, &s_chosen, &s_above);
-    const uint32_t thr = (prefix << 10) | (uint32_t)s_chosen; /* the k-th largest key */
-    need -= s_above; /* entries equal to thr to take, lowest ids first */
-    const int n_gt = k - need;
-
-    /* gather: the entries above thr anywhere, the first `need` equal to it in id
-     * order (tiles in order, a scan inside a tile; only tiles that hold one) */
-    int eq_base = 0;
-    for (int64_t base = 0; base < n; base += THREADS) {
-        const int64_t i = base + tid;
-        uint32_t key = i < n ? order_key(x[i]) : 0u;
-        const bool eq = i < n && key == thr;
-        if (i < n && key > thr) {
-            int slot = atomicAdd(&s_gt, 1);
-            cand_key[slot] = key;
-            cand_id[slot] = (int32_t)i;
-        }
-        if (eq_base < need && __syncthreads_or(eq)) {
-            int total;
-            int r = block_excl_scan(eq ? 1 : 0, warp_tot, &total);
-            if (eq && eq_base + r < need) {
-                cand_key[n_gt + eq_base + r] = key;
-                cand_id[n_gt + eq_base + r] = (int32_t)i;
-            }
-            eq_base += total;
-        }
-    }
+    /* rank each candidate by counting the ones before it (ids are distinct: the
+     * ranks are a permutation); 1024 / p2 threads count a share of each */
     int p2 = 1;
     while (p2 < k) p2 <<= 1;
-    for (int i = k + tid; i < p2; i += THREADS) {
-        cand_key[i] = 0u; /* below every key of a non-NaN float */
-        cand_id[i] = INT_MAX;
+    const int parts = FIN_THREADS / p2, cidx = tid & (p2 - 1), part = tid / p2;
+    if (cidx < k) {
+        const uint32_t kc = cand_key[cidx];
+        const int32_t ic = cand_id[cidx];
+        int cnt = 0;
+        for (int j = part; j < k; j += parts) cnt += better(cand_key[j], cand_id[j], kc, ic) ? 1 : 0;
+        if (cnt) atomicAdd(&rank[cidx], cnt);
     }
-
-    /* bitonic sort of p2 <= 256 entries, best first */
-    for (int size = 2; size <= p2; size <<= 1)
-        for (int stride = size >> 1; stride > 0; stride >>= 1) {
-            __syncthreads();
-            if (tid < p2 / 2) {
-                const int i = 2 * tid - (tid & (stride - 1)), j = i + stride;
-                const bool desc = (i & size) == 0;
-                uint32_t ki = cand_key[i], kj = cand_key[j];
-                int32_t ii = cand_id[i], ij = cand_id[j];
-                if (desc ? better(kj, ij, ki, ii) : better(ki, ii, kj, ij)) {
-                    cand_key[i] = kj;
-                    cand_key[j] = ki;
-                    cand_id[i] = ij;
-                    cand_id[j] = ii;
-                }
-            }
-        }
     __syncthreads();
-    for (int i = tid; i < k; i += THREADS) {
-        int32_t id = cand_id[i];
-        oid[i] = id;
-        oval[i] = x[id];
-    }
-
-    if (want_lse) {
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-        if (lane == 0) warp_sum[warp] = sum;
-        __syncthreads();
-        if (tid == 0) {
-            double total = 0.0;
-            for (int w = 0; w < WARPS; w++) total += warp_sum[w];
-            out_lse[row] = sum_exp ? (float)((double)mx + log(total)) : mx; /* -inf or +inf rows: the max */
+    if (part == 0 && cidx < k) {
+        const int r = rank[cidx];
+        const int32_t id = cand_id[cidx];
+        const float v = x[id];
+        oid[r] = id;
+        oval[r] = v;
+        if (r == 0) {
+            s_mx = v;
+            out_max[row] = v; /* the reference's max: its first candidate's logit */
         }
     }
-    if (tid == 0) out_max[row] = mx;
+    if (!want_lse) return;
+    __syncthreads();
+    const float mx = s_mx;
+    if (isinf(mx)) { /* all -inf: -inf; a +inf logit: +inf */
+        if (tid == 0) out_lse[row] = mx;
+        return;
+    }
+    /* slices in a fixed order: thread t sums slices t, t + 1024, ..., then a fixed tree */
+    double sum = 0.0;
+    for (int s = tid; s < n_stats; s += FIN_THREADS) {
+        const slice_stat q = st[s];
+        if (q.sum != 0.0) sum += q.sum * exp((double)q.max - (double)mx);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    if (lane == 0) s_sum[warp] = sum;
+    __syncthreads();
+    if (tid == 0) {
+        double total = 0.0;
+        for (int w = 0; w < S::NW; w++) total += s_sum[w];
+        out_lse[row] = (float)((double)mx + log(total));
+    }
 }
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+size_t align16(size_t x) { return (x + 15) & ~(size_t)15; }
 
 } // namespace
 
@@ -260,21 +454,72 @@ extern "C" lm_status lm_cuda_logits_topk(lm_backend *b, const float *logits, int
     lm_status st = lm_cuda_take_error(cu); /* an earlier op's error: the logits are not valid */
     if (st) return st;
 
-    /* the results on the device: [ids n_rows*k][vals n_rows*k][max n_rows][lse n_rows] */
+    /* the levels, from n_vocab and k only: n_list[0] = slices x k candidates a row,
+     * then each mid level's, until they fit the final block */
+    const int64_t n_slices = ceil_div(n_vocab, SLICE);
+    int64_t n_list[8];
+    int levels = 0;
+    n_list[levels++] = n_slices * k;
+    while (n_list[levels - 1] > FIN_CAP) { /* shrinks by SLICE / k >= 16 a level */
+        n_list[levels] = ceil_div(n_list[levels - 1], SLICE) * k;
+        levels++;
+    }
+    const bool want_lse = row_lse != NULL;
+
+    /* scratch: [ids n_rows*k][vals n_rows*k][max n_rows][lse n_rows], then a chunk's
+     * work: [stats rows][slices] [list A keys, ids: rows x n_list[0]] [list B: rows x
+     * n_list[1]] (the mid levels go A -> B -> A ..., each smaller than the one before) */
     const size_t nk = (size_t)n_rows * (size_t)k, nr = (size_t)n_rows;
-    void *dev = lm_cuda_scratch(cu, LM_CUDA_SCR_TOPK, (2 * nk + 2 * nr) * sizeof(float));
+    const size_t out_bytes = align16((2 * nk + 2 * nr) * sizeof(float));
+    const size_t per_row = sizeof(slice_stat) * (size_t)n_slices + 8 * (size_t)n_list[0] +
+                           (levels > 1 ? 8 * (size_t)n_list[1] : 0);
+    int64_t chunk = (int64_t)(CHUNK_BYTES / per_row);
+    chunk = chunk < 1 ? 1 : chunk > 65535 ? 65535 : chunk;
+    if (chunk > n_rows) chunk = n_rows;
+    const size_t a_len = (size_t)chunk * (size_t)n_list[0], b_len = levels > 1 ? (size_t)chunk * (size_t)n_list[1] : 0;
+    const size_t stats_bytes = sizeof(slice_stat) * (size_t)chunk * (size_t)n_slices;
+    char *dev = (char *)lm_cuda_scratch(cu, LM_CUDA_SCR_TOPK,
+                                        out_bytes + stats_bytes + align16(8 * a_len) + align16(8 * b_len));
     if (!dev) return lm_cuda_take_error(cu);
     int32_t *d_ids = (int32_t *)dev;
     float *d_vals = (float *)(d_ids + nk), *d_max = d_vals + nk, *d_lse = d_max + nr;
-    topk_rows<<<(unsigned)n_rows, THREADS, 0, cu->stream>>>(logits, n_vocab, k, row_lse != NULL, d_ids, d_vals, d_max,
-                                                             d_lse);
-    bool ok = lm_cuda_launched(cu, "logits_topk") &&
-              lm_cuda_ok(cu, cudaMemcpyAsync(ids, d_ids, nk * sizeof(int32_t), cudaMemcpyDeviceToHost, cu->stream),
-                         "logits_topk (ids to the host)") &&
-              lm_cuda_ok(cu, cudaMemcpyAsync(vals, d_vals, nk * sizeof(float), cudaMemcpyDeviceToHost, cu->stream),
-                         "logits_topk (values to the host)") &&
-              lm_cuda_ok(cu, cudaMemcpyAsync(row_max, d_max, nr * sizeof(float), cudaMemcpyDeviceToHost, cu->stream),
-                         "logits_topk (max to the host)");
+    slice_stat *d_stats = (slice_stat *)(dev + out_bytes);
+    uint32_t *key_a = (uint32_t *)(dev + out_bytes + stats_bytes);
+    int32_t *id_a = (int32_t *)(key_a + a_len);
+    uint32_t *key_b = (uint32_t *)((char *)key_a + align16(8 * a_len));
+    int32_t *id_b = (int32_t *)(key_b + b_len);
+
+    bool ok = true;
+    for (int64_t r0 = 0; ok && r0 < n_rows; r0 += chunk) {
+        const unsigned rows = (unsigned)(n_rows - r0 < chunk ? n_rows - r0 : chunk);
+        const float *x = logits + r0 * n_vocab;
+        lm_cuda_launch(cu, topk_slices<true>, dim3((unsigned)n_slices, rows), SL_THREADS, x, (const uint32_t *)NULL,
+                       (const int32_t *)NULL, n_vocab, k, want_lse, key_a, id_a, d_stats);
+        ok = lm_cuda_launched(cu, "topk_slices (logits)");
+        uint32_t *src_key = key_a, *dst_key = key_b;
+        int32_t *src_id = id_a, *dst_id = id_b;
+        for (int l = 1; ok && l < levels; l++) {
+            lm_cuda_launch(cu, topk_slices<false>, dim3((unsigned)ceil_div(n_list[l - 1], SLICE), rows), SL_THREADS,
+                           (const float *)NULL, (const uint32_t *)src_key, (const int32_t *)src_id, n_list[l - 1], k,
+                           false, dst_key, dst_id, (slice_stat *)NULL);
+            ok = lm_cuda_launched(cu, "topk_slices (candidates)");
+            uint32_t *tk = src_key;
+            int32_t *ti = src_id;
+            src_key = dst_key, src_id = dst_id, dst_key = tk, dst_id = ti;
+        }
+        if (!ok) break;
+        lm_cuda_launch(cu, topk_final, dim3(rows), FIN_THREADS, x, n_vocab, (const uint32_t *)src_key,
+                       (const int32_t *)src_id, (int)n_list[levels - 1], (const slice_stat *)d_stats, (int)n_slices, k,
+                       want_lse, d_ids + r0 * k, d_vals + r0 * k, d_max + r0, d_lse + r0);
+        ok = lm_cuda_launched(cu, "topk_final");
+    }
+    ok = ok &&
+         lm_cuda_ok(cu, cudaMemcpyAsync(ids, d_ids, nk * sizeof(int32_t), cudaMemcpyDeviceToHost, cu->stream),
+                    "logits_topk (ids to the host)") &&
+         lm_cuda_ok(cu, cudaMemcpyAsync(vals, d_vals, nk * sizeof(float), cudaMemcpyDeviceToHost, cu->stream),
+                    "logits_topk (values to the host)") &&
+         lm_cuda_ok(cu, cudaMemcpyAsync(row_max, d_max, nr * sizeof(float), cudaMemcpyDeviceToHost, cu->stream),
+                    "logits_topk (max to the host)");
     if (ok && row_lse)
         lm_cuda_ok(cu, cudaMemcpyAsync(row_lse, d_lse, nr * sizeof(float), cudaMemcpyDeviceToHost, cu->stream),
                    "logits_topk (log-sum-exp to the host)");
