@@ -27,7 +27,7 @@
 #include "backend/cuda/cuda_internal.cuh"
 
 enum {
-    ATT_WARPS = 4,
+    ATT_WARPS = 8,   /* a warp per query head of the block */
     ATT_THREADS = 32 * ATT_WARPS,
     ATT_SPLIT = 64,  /* positions per split                          */
     ATT_HEADS = 8,   /* query heads per block (of one KV head)       */
@@ -212,6 +212,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
 #pragma unroll
             for (int u = 0; u < S::per_lane; u++) {
                 const int rn = min(32, nr - 32 * u);
+#pragma unroll 8
                 for (int r = 0; r < rn; r++) {
                     const float w = __shfl_sync(0xffffffffu, e[u], r);
                     float v[DPL];
@@ -258,22 +259,37 @@ __global__ void __launch_bounds__(ATT_THREADS)
     __syncthreads();
     if (!last_sh) return;
     __threadfence();
+    /* a lane per split (32 at a time) for the max and the sum, then the lanes' output
+     * dimensions over the splits in order; loads of one round are in flight together */
 #pragma unroll
     for (int j = 0; j < HPW; j++) {
         const int hl = warp + j * ATT_WARPS;
         if (hl >= nh) break;
         const float *pp = part + ((size_t)t * n_head + h0 + hl) * max_splits * stride;
-        float M = -INFINITY, L = 0.0f;
-        for (int sp = 0; sp < n_split; sp++) M = fmaxf(M, __ldcg(pp + sp * stride));
-        for (int sp = 0; sp < n_split; sp++) L += __ldcg(pp + sp * stride + 1) * expf(__ldcg(pp + sp * stride) - M);
-        float o[DPL];
+        float M = -INFINITY;
+        for (int s0 = 0; s0 < n_split; s0 += 32)
+            if (s0 + lane < n_split) M = fmaxf(M, __ldcg(pp + (s0 + lane) * stride));
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, off));
+        float L = 0.0f, o[DPL];
 #pragma unroll
         for (int i = 0; i < DPL; i++) o[i] = 0.0f;
-        for (int sp = 0; sp < n_split; sp++) {
-            const float c = expf(__ldcg(pp + sp * stride) - M);
+        for (int s0 = 0; s0 < n_split; s0 += 32) {
+            const int ns = min(32, n_split - s0);
+            const float *ps = pp + (s0 + lane) * stride;
+            const float c = lane < ns ? expf(__ldcg(ps) - M) : 0.0f;
+            float ls = lane < ns ? __ldcg(ps + 1) * c : 0.0f;
 #pragma unroll
-            for (int i = 0; i < DPL; i++)
-                if (lane * DPL + i < hd) o[i] = fmaf(__ldcg(pp + sp * stride + 2 + lane * DPL + i), c, o[i]);
+            for (int off = 16; off > 0; off >>= 1) ls += __shfl_xor_sync(0xffffffffu, ls, off);
+            L += ls;
+#pragma unroll 4
+            for (int sp = 0; sp < ns; sp++) {
+                const float cs = __shfl_sync(0xffffffffu, c, sp);
+                const float *a = pp + (s0 + sp) * stride + 2 + lane * DPL;
+#pragma unroll
+                for (int i = 0; i < DPL; i++)
+                    if (lane * DPL + i < hd) o[i] = fmaf(__ldcg(a + i), cs, o[i]);
+            }
         }
         float *op = out + ((int64_t)t * n_head + h0 + hl) * hd;
 #pragma unroll
