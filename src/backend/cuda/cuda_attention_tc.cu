@@ -43,6 +43,38 @@ __device__ __forceinline__ uint32_t pack_halves(__half lo, __half hi) {
     return (uint32_t)__half_as_ushort(lo) | ((uint32_t)__half_as_ushort(hi) << 16);
 }
 
+/* The keys of KV block kb as the B fragments of S = Q K^T: for each 16-dimension
+ * slice kc and n8 tile nt, this lane's two registers (key row nt * 8 + g, dimensions
+ * kc * 16 + c2.. and + 8..). */
+template <int HD>
+__device__ __forceinline__ void load_keys(const __half *__restrict__ K, const int32_t *table, int kb, int64_t d_kv,
+                                          int64_t head_off, int g, int c2, uint32_t kf[HD / 16][2][2]) {
+    const __half *Kb = K + (int64_t)table[kb] * TC_ROWS * d_kv + head_off;
+#pragma unroll
+    for (int kc = 0; kc < HD / 16; kc++)
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+            const __half *kr = Kb + (int64_t)(nt * 8 + g) * d_kv + kc * 16 + c2;
+            kf[kc][nt][0] = *(const uint32_t *)kr;
+            kf[kc][nt][1] = *(const uint32_t *)(kr + 8);
+        }
+}
+
+/* Value rows c2, c2 + 1 and c2 + 8, c2 + 9 of dimension j * 8 + g of a KV block as
+ * the B fragment (two registers) of O += P V for dimension tile j. Rows past `valid`
+ * (the tile's last position) may never have been written (any bits, NaN included):
+ * read as zeros, so 0-weights stay 0. */
+__device__ __forceinline__ void load_value_frag(const __half *__restrict__ Vb, int j, int valid, int64_t d_kv, int g,
+                                                int c2, uint32_t *b0, uint32_t *b1) {
+    const int col = j * 8 + g;
+    __half v0 = __float2half(0.0f), v1 = v0, v2 = v0, v3 = v0;
+    if (c2 <= valid) v0 = Vb[(int64_t)c2 * d_kv + col];
+    if (c2 + 1 <= valid) v1 = Vb[(int64_t)(c2 + 1) * d_kv + col];
+    if (c2 + 8 <= valid) v2 = Vb[(int64_t)(c2 + 8) * d_kv + col];
+    if (c2 + 9 <= valid) v3 = Vb[(int64_t)(c2 + 9) * d_kv + col];
+    *b0 = pack_halves(v0, v1), *b1 = pack_halves(v2, v3);
+}
+
 /* A warp per (tile of up to 16 queries, head). Everything stays in registers: the
  * scores of a KV block come out of the products in the accumulator layout, which is
  * the A layout of the next product (two n8 tiles = one k16), so P never leaves them. */
@@ -81,18 +113,40 @@ __global__ void __launch_bounds__(32)
     const int first_pos = meta[t0], last_pos = meta[t0 + cnt - 1];
     const int first_lo = window > 0 && first_pos - window + 1 > 0 ? (int)(first_pos - window + 1) : 0;
     const int64_t head_off = (int64_t)hk * HD;
-    for (int kb = first_lo / TC_ROWS; kb <= last_pos / TC_ROWS; kb++) {
-        const int64_t slot0 = (int64_t)table[kb] * TC_ROWS;
-        const __half *Kb = K + slot0 * d_kv + head_off, *Vb = V + slot0 * d_kv + head_off;
+    const int kb_first = first_lo / TC_ROWS, kb_last = last_pos / TC_ROWS;
+    /* The keys of a block as B fragments (two n8 tiles), and its values: the keys of
+     * the next block are loaded while this one's scores and softmax are computed, the
+     * values as soon as the block starts, so a block costs about one trip to memory
+     * instead of two after each other. (At head size 256 the registers hold neither:
+     * each is loaded where it is used.) */
+    constexpr bool early = HD <= 128;
+    uint32_t kf[early ? HD / 16 : 1][2][2];
+    if constexpr (early) load_keys<HD>(K, table, kb_first, d_kv, head_off, g, c2, kf);
+    for (int kb = kb_first; kb <= kb_last; kb++) {
+        const __half *Vb = V + (int64_t)table[kb] * TC_ROWS * d_kv + head_off;
+        const int valid = last_pos - kb * TC_ROWS; /* keys [0, valid] exist */
+        uint32_t vf[early ? HD / 8 : 1][2];
+        if constexpr (early)
+#pragma unroll
+            for (int j = 0; j < HD / 8; j++) load_value_frag(Vb, j, valid, d_kv, g, c2, &vf[j][0], &vf[j][1]);
         /* S = Q K^T for keys kb*16 + [0, 16): two n8 tiles */
         float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+        if constexpr (early) {
 #pragma unroll
-        for (int kc = 0; kc < HD / 16; kc++)
+            for (int kc = 0; kc < HD / 16; kc++)
 #pragma unroll
-            for (int nt = 0; nt < 2; nt++) {
-                const __half *kr = Kb + (int64_t)(nt * 8 + g) * d_kv + kc * 16 + c2;
-                mma16816(s[nt], qa[kc], *(const uint32_t *)kr, *(const uint32_t *)(kr + 8));
-            }
+                for (int nt = 0; nt < 2; nt++) mma16816(s[nt], qa[kc], kf[kc][nt][0], kf[kc][nt][1]);
+            if (kb < kb_last) load_keys<HD>(K, table, kb + 1, d_kv, head_off, g, c2, kf);
+        } else {
+            const __half *Kb = K + (int64_t)table[kb] * TC_ROWS * d_kv + head_off;
+#pragma unroll
+            for (int kc = 0; kc < HD / 16; kc++)
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++) {
+                    const __half *kr = Kb + (int64_t)(nt * 8 + g) * d_kv + kc * 16 + c2;
+                    mma16816(s[nt], qa[kc], *(const uint32_t *)kr, *(const uint32_t *)(kr + 8));
+                }
+        }
         /* online softmax per row; a row's 16 scores sit in the 4 lanes of its quad */
         uint32_t pa[4];
 #pragma unroll
@@ -127,18 +181,17 @@ __global__ void __launch_bounds__(32)
             pa[i] = pack_halves(ph[0], ph[1]);     /* keys c2, c2+1      (n tile 0) */
             pa[2 + i] = pack_halves(ph[2], ph[3]); /* keys 8+c2, 8+c2+1 (n tile 1) */
         }
-        /* O += P V; value rows past the tile's last position may never have been
-         * written (any bits, NaN included): read as zeros, so 0-weights stay 0 */
-        const int valid = last_pos - kb * TC_ROWS; /* keys [0, valid] exist */
+        /* O += P V */
+        if constexpr (early) {
 #pragma unroll
-        for (int j = 0; j < HD / 8; j++) {
-            const int col = j * 8 + g;
-            __half v0 = __float2half(0.0f), v1 = v0, v2 = v0, v3 = v0;
-            if (c2 <= valid) v0 = Vb[(int64_t)c2 * d_kv + col];
-            if (c2 + 1 <= valid) v1 = Vb[(int64_t)(c2 + 1) * d_kv + col];
-            if (c2 + 8 <= valid) v2 = Vb[(int64_t)(c2 + 8) * d_kv + col];
-            if (c2 + 9 <= valid) v3 = Vb[(int64_t)(c2 + 9) * d_kv + col];
-            mma16816(o[j], pa, pack_halves(v0, v1), pack_halves(v2, v3));
+            for (int j = 0; j < HD / 8; j++) mma16816(o[j], pa, vf[j][0], vf[j][1]);
+        } else {
+#pragma unroll
+            for (int j = 0; j < HD / 8; j++) {
+                uint32_t b0, b1;
+                load_value_frag(Vb, j, valid, d_kv, g, c2, &b0, &b1);
+                mma16816(o[j], pa, b0, b1);
+            }
         }
     }
 #pragma unroll
