@@ -1,12 +1,24 @@
 /* out[i] = silu(gate[i]) * up[i], rounded as the CPU reference's g / (1 + exp(-g)) * up */
 #include "backend/cuda/cuda_internal.cuh"
 
+__device__ __forceinline__ float swiglu1(float g, float u) {
+    return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+}
+
+/* four elements a thread with 16-byte loads (a prompt's gate/up rows are 55 MB a
+ * layer of a 1.5B model: scalar loads left the kernel at half the memory rate) */
+__global__ void swiglu4_kernel(const float4 *gate, const float4 *up, int64_t n4, float4 *out) {
+    lm_pdl_enter();
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += (int64_t)gridDim.x * blockDim.x) {
+        const float4 g = gate[i], u = up[i];
+        out[i] = make_float4(swiglu1(g.x, u.x), swiglu1(g.y, u.y), swiglu1(g.z, u.z), swiglu1(g.w, u.w));
+    }
+}
+
 __global__ void swiglu_kernel(const float *gate, const float *up, int64_t n, float *out) {
     lm_pdl_enter();
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        float g = gate[i];
-        out[i] = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), up[i]);
-    }
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        out[i] = swiglu1(gate[i], up[i]);
 }
 
 extern "C" void lm_cuda_swiglu(lm_backend *b, const float *gate, const float *up, int64_t n, float *out) {
@@ -14,6 +26,11 @@ extern "C" void lm_cuda_swiglu(lm_backend *b, const float *gate, const float *up
     lm_cuda_enter(cu);
     if (lm_cuda_replaying(cu)) return;
     if (n <= 0) return;
-    lm_cuda_launch(cu, swiglu_kernel, lm_cuda_blocks(n, 256), 256, gate, up, n, out);
+    const bool vec = n % 4 == 0 && (((uintptr_t)gate | (uintptr_t)up | (uintptr_t)out) & 15) == 0;
+    if (vec)
+        lm_cuda_launch(cu, swiglu4_kernel, lm_cuda_blocks(n / 4, 256), 256, (const float4 *)gate, (const float4 *)up,
+                       n / 4, (float4 *)out);
+    else
+        lm_cuda_launch(cu, swiglu_kernel, lm_cuda_blocks(n, 256), 256, gate, up, n, out);
     lm_cuda_launched(cu, "swiglu_kernel");
 }
