@@ -19,6 +19,17 @@ __device__ __forceinline__ float lm_ld_f16(const uint8_t *p) {
     return __half2float(__ushort_as_half(*(const unsigned short *)p));
 }
 
+/* 16 bytes of a weight row. Weights are read once a pass, so they bypass L1 (which
+ * keeps the activations every warp rereads), and L2 fetches the whole 256-byte
+ * sector group (a warp reads a row's consecutive 512 bytes). */
+__device__ __forceinline__ uint4 lm_ld_weights16(const void *p) {
+    uint4 u;
+    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
+        : "l"(p));
+    return u;
+}
+
 __device__ __forceinline__ uint32_t lm_ld_u16(const uint8_t *p) { return *(const unsigned short *)p; }
 
 /* 8 bytes from a 2-byte aligned address, as two little-endian words */
@@ -50,15 +61,17 @@ __device__ __forceinline__ void deq8(const uint8_t *__restrict__ row, int64_t c,
 
 template <>
 __device__ __forceinline__ void deq8<LM_DTYPE_F32>(const uint8_t *__restrict__ row, int64_t c, float *y) {
-    const float4 *p = (const float4 *)row + 2 * c;
-    float4 a = p[0], b = p[1];
-    y[0] = a.x, y[1] = a.y, y[2] = a.z, y[3] = a.w, y[4] = b.x, y[5] = b.y, y[6] = b.z, y[7] = b.w;
+    const uint4 *p = (const uint4 *)row + 2 * c;
+    const uint4 a = lm_ld_weights16(p), b = lm_ld_weights16(p + 1);
+    const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+    for (int i = 0; i < 8; i++) y[i] = __uint_as_float(w[i]);
 }
 
 template <>
 __device__ __forceinline__ void deq8<LM_DTYPE_F16>(const uint8_t *__restrict__ row, int64_t c, float *y) {
-    uint4 u = ((const uint4 *)row)[c];
-    uint32_t w[4] = {u.x, u.y, u.z, u.w};
+    const uint4 u = lm_ld_weights16((const uint4 *)row + c);
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         y[2 * i] = __half2float(__ushort_as_half((unsigned short)(w[i] & 0xffffu)));
@@ -68,8 +81,8 @@ __device__ __forceinline__ void deq8<LM_DTYPE_F16>(const uint8_t *__restrict__ r
 
 template <>
 __device__ __forceinline__ void deq8<LM_DTYPE_BF16>(const uint8_t *__restrict__ row, int64_t c, float *y) {
-    uint4 u = ((const uint4 *)row)[c];
-    uint32_t w[4] = {u.x, u.y, u.z, u.w};
+    const uint4 u = lm_ld_weights16((const uint4 *)row + c);
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         y[2 * i] = lm_bf16_bits(w[i] & 0xffffu);
