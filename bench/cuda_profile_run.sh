@@ -6,8 +6,9 @@
 # Builds with -DLUMEN_CUDA=ON, writes the Qwen2.5-1.5B-shaped models (as
 # bench/cuda_bench_run.sh does), times `lumen bench --parallel N` decode, then runs the
 # same under Nsight Compute (ncu, one metric: each kernel's duration, caches and clocks
-# left alone) and prints, for the last forward pass of the run, the kernels grouped by
-# name: launches, total and mean microseconds. The sum of kernel time against the
+# left alone; only the passes of the measured size, LUMEN_CUDA_PROFILE_N) and prints,
+# for the last forward pass of the run, the kernels grouped by name: launches, total
+# and mean microseconds. The sum of kernel time against the
 # step's wall time says how much of a step is GPU work and how much is launch and
 # synchronization overhead.
 # Environment: LUMEN_PROFILE_PAR (sequences, default "1 64"; "pp" profiles the prefill of
@@ -32,14 +33,14 @@ models="$HF"
 for model in $models; do
   for n in $PAR; do
     name="$(basename "$model" | cut -c1-40)-x$n"
-    run=(-p 0 -n 2 -r 1 --parallel "$n" --parallel-prompt "$PROMPT")
-    [ "$n" = pp ] && run=(-p 512 -n 0 -r 1)
+    run=(-p 0 -n 2 -r 1 --parallel "$n" --parallel-prompt "$PROMPT") tokens=$n
+    [ "$n" = pp ] && run=(-p 512 -n 0 -r 1) tokens=512
     echo "=== $name"
     [ "$n" = pp ] || timeout 120 "$BUILD/lumen" bench "$model" --backend cuda -p 0 -n 32 -r 3 --parallel "$n" \
       --parallel-prompt "$PROMPT" 2>&1 | grep -E "^ +[0-9]" | head -5
     [ -n "$NCU" ] || continue
-    timeout 240 "$NCU" --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
-      "$BUILD/lumen" bench "$model" --backend cuda "${run[@]}" > "$OUT/ncu-$name.csv" 2> "$OUT/ncu-$name.err" ||
+    LUMEN_CUDA_PROFILE_N=$tokens timeout 240 "$NCU" --profile-from-start off --clock-control none \
+      --cache-control none --metrics gpu__time_duration.sum --csv "$BUILD/lumen" bench "$model" --backend cuda "${run[@]}" > "$OUT/ncu-$name.csv" 2> "$OUT/ncu-$name.err" ||
       echo "ncu status $?"
     python3 "$ROOT/bench/cuda_profile_table.py" "$OUT/ncu-$name.csv"
   done

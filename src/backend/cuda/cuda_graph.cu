@@ -24,6 +24,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cuda_profiler_api.h>
+
 #include "backend/cuda/cuda_internal.cuh"
 
 extern "C" {
@@ -79,6 +81,11 @@ extern "C" lm_status lm_cuda_pass_begin(lm_backend *b, uint64_t key, const lm_kv
     if (st) return st;
     if (cu->pass_mode != LM_CUDA_PASS_DIRECT)
         return lm_error(LM_ERR_INTERNAL, "pass_begin: the previous pass was not ended");
+    /* a profiler started with profiling off (ncu --profile-from-start off) sees the
+     * passes of exactly LUMEN_CUDA_PROFILE_N tokens: e.g. a benchmark's decode steps
+     * without its prefill (bench/cuda_profile_run.sh) */
+    if (cu->profile_n && batch && batch->n_tokens == cu->profile_n && !cu->profiling)
+        cu->profiling = cudaProfilerStart() == cudaSuccess;
     if (key == 0 || !cu->graphs_on || !kv || !batch || batch->n_tokens > cu->record_max_n) return LM_OK;
     cu->pass_meta_ints = next_pow2(lm_cuda_attn_meta_ints(cu, kv, batch), 1024);
     cu->pass_splits = (int)next_pow2(lm_cuda_attn_max_splits(batch, 0), 1);
@@ -127,6 +134,7 @@ extern "C" lm_status lm_cuda_pass_end(lm_backend *b) {
     lm_cuda_backend *cu = lm_cuda(b);
     lm_cuda_enter(cu);
     int mode = cu->pass_mode;
+
     cu->pass_mode = LM_CUDA_PASS_DIRECT;
     if (mode == LM_CUDA_PASS_CAPTURE) {
         cudaGraph_t graph = NULL;
@@ -156,6 +164,10 @@ extern "C" lm_status lm_cuda_pass_end(lm_backend *b) {
             cu->n_replayed++;
             launch(cu, g);
         }
+    }
+    if (cu->profiling) {
+        cudaProfilerStop();
+        cu->profiling = false;
     }
     return lm_cuda_take_error(cu);
 }

@@ -105,6 +105,8 @@ typedef struct lm_cuda_backend {
     int seen_runs[LM_CUDA_SEEN]; /* how many times each                      */
     int seen_next;
     uint64_t n_captured, n_replayed; /* printed at exit with LUMEN_CUDA_GRAPHS_LOG=1 */
+    int64_t profile_n; /* LUMEN_CUDA_PROFILE_N: passes of this many tokens are profiled */
+    bool profiling;    /* between cudaProfilerStart and cudaProfilerStop           */
 } lm_cuda_backend;
 
 static inline bool lm_cuda_replaying(const lm_cuda_backend *cu) { return cu->pass_mode == LM_CUDA_PASS_REPLAY; }
