@@ -84,6 +84,13 @@ typedef struct lm_backend_ops {
 
     /* y[i] += x[i] for i < n. */
     void (*add)(lm_backend *b, float *y, const float *x, int64_t n);
+    /* Optional fused form (NULL: the forward pass calls add, then rms_norm) of the
+     * residual add and the norm that follows it: y += x, then out = rms_norm(y) * w;
+     * y, x, out [n][d], w [d] (NULL: no weight). One launch instead of two; y and out
+     * bit-identical to add(y, x, n * d) then rms_norm(y, w, n, d, eps, out). out may
+     * be y; it must not overlap x. */
+    void (*add_rms_norm)(lm_backend *b, float *y, const float *x, const float *w, int64_t n, int64_t d, float eps,
+                         float *out);
     /* y[r][j] += bias[j]; y [n][d]. */
     void (*add_bias)(lm_backend *b, float *y, const float *bias, int64_t n, int64_t d);
     /* y[i] *= s. */

@@ -140,6 +140,18 @@ static lm_status matmul_many(lm_backend *b, const lm_weight *const *w, int n_w, 
     return LM_OK;
 }
 
+/* The residual add x += r, then xn = rms_norm(x) * w: one fused op where the backend
+ * has it (bit-identical), else the two ops. */
+static void residual_then_norm(lm_backend *b, float *x, const float *r, const float *w, int64_t n, int64_t d,
+                               float eps, float *xn) {
+    if (b->ops->add_rms_norm) {
+        b->ops->add_rms_norm(b, x, r, w, n, d, eps, xn);
+        return;
+    }
+    b->ops->add(b, x, r, n * d);
+    b->ops->rms_norm(b, x, w, n, d, eps, xn);
+}
+
 /* The shape of a pass for a backend that records passes: the same key means the
  * same ops on the same buffers (the ops a pass issues depend only on the batch's
  * shape; its host metadata fills them in). 0: not recordable (buffers of its own).
@@ -179,13 +191,18 @@ static lm_status forward_body(const lm_model_internal *m, lm_kv_cache *kv, const
 
     op->get_rows(b, m->tok_embd, batch->tokens, n, s.x);
     if (hp->embd_scale != 1.0f) op->scale(b, s.x, hp->embd_scale, n * d);
+    /* each block's residual add is fused with the norm that follows it; the first
+     * layer's attention norm has no add before it */
+    op->rms_norm(b, s.x, m->layers[0].attn_norm, n, d, hp->rms_eps, s.xn);
+    /* the last add feeds the output norm, which runs on the gathered rows: fused only
+     * when every row is wanted (nothing to gather) */
+    bool fuse_output = n_out == n;
 
     for (int64_t il = 0; il < hp->n_layer; il++) {
         const lm_layer_weights *w = &m->layers[il];
         bool swa = lm_hparams_layer_is_swa(hp, il);
 
-        /* attention block */
-        op->rms_norm(b, s.x, w->attn_norm, n, d, hp->rms_eps, s.xn);
+        /* attention block (s.xn: its input, normalized) */
         {
             const lm_weight *qkv[3] = {w->wq, w->wk, w->wv};
             float *out[3] = {s.q, s.k, s.v};
@@ -215,10 +232,9 @@ static lm_status forward_body(const lm_model_internal *m, lm_kv_cache *kv, const
                           hp->attn_scale, s.attn));
         TRY(op->matmul(b, w->wo, s.attn, n, s.tmp));
         if (w->post_attn_norm) op->rms_norm(b, s.tmp, w->post_attn_norm, n, d, hp->rms_eps, s.tmp);
-        op->add(b, s.x, s.tmp, n * d);
+        residual_then_norm(b, s.x, s.tmp, w->ffn_norm, n, d, hp->rms_eps, s.xn);
 
         /* feed-forward block */
-        op->rms_norm(b, s.x, w->ffn_norm, n, d, hp->rms_eps, s.xn);
         {
             const lm_weight *gate_up[2] = {w->w_gate, w->w_up};
             float *out[2] = {s.gate, s.up};
@@ -230,11 +246,17 @@ static lm_status forward_body(const lm_model_internal *m, lm_kv_cache *kv, const
             op->swiglu(b, s.gate, s.up, n * hp->n_ff, s.gate);
         TRY(op->matmul(b, w->w_down, s.gate, n, s.tmp));
         if (w->post_ffn_norm) op->rms_norm(b, s.tmp, w->post_ffn_norm, n, d, hp->rms_eps, s.tmp);
-        op->add(b, s.x, s.tmp, n * d);
+        if (il + 1 < hp->n_layer)
+            residual_then_norm(b, s.x, s.tmp, m->layers[il + 1].attn_norm, n, d, hp->rms_eps, s.xn);
+        else if (fuse_output)
+            residual_then_norm(b, s.x, s.tmp, m->output_norm, n, d, hp->rms_eps, s.xn);
+        else
+            op->add(b, s.x, s.tmp, n * d);
     }
 
     if (n_out > 0) {
-        /* gather the rows whose logits are wanted, then the head over just those */
+        /* gather the rows whose logits are wanted, then the head over just those
+         * (every row wanted: nothing moves, and the norm ran fused above) */
         int64_t j = 0;
         for (int64_t t = 0; t < n; t++) {
             bool want = batch->logits ? batch->logits[t] != 0 : t == n - 1;
@@ -243,7 +265,7 @@ static lm_status forward_body(const lm_model_internal *m, lm_kv_cache *kv, const
                 j++;
             }
         }
-        op->rms_norm(b, s.x, m->output_norm, n_out, d, hp->rms_eps, s.xn);
+        if (!fuse_output) op->rms_norm(b, s.x, m->output_norm, n_out, d, hp->rms_eps, s.xn);
         TRY(op->matmul(b, m->output, s.xn, n_out, s.logits));
     }
 #undef TRY

@@ -340,7 +340,44 @@ static void test_dot_f32(void) {
     CHECK(lm_cpu_dot_f32(a, b, 0) == 0.0f);
 }
 
+/* add_rms_norm (the fused residual add and norm) against add then rms_norm: the same
+ * bits in y and in the output, across the pool's row splits, without a weight, and
+ * in place (out = y) */
+static void test_add_rms_norm(void) {
+    struct { int64_t n, d; bool weight, in_place; int threads; } cases[] = {
+        {1, 1536, true, false, 1}, {7, 1000, true, false, 1}, {40, 576, true, false, 2},
+        {33, 2051, false, false, 2}, {17, 64, true, true, 2},  {3, 5, true, false, 1}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int64_t n = cases[c].n, d = cases[c].d;
+        lm_backend *b = NULL;
+        CHECK(lm_backend_cpu_create(cases[c].threads, &b) == LM_OK);
+        if (!b) return;
+        float *y0 = malloc(sizeof(float) * n * d), *x = malloc(sizeof(float) * n * d), *w = malloc(sizeof(float) * d);
+        float *y_ref = malloc(sizeof(float) * n * d), *out_ref = malloc(sizeof(float) * n * d);
+        float *y = malloc(sizeof(float) * n * d), *out = malloc(sizeof(float) * n * d);
+        for (int64_t i = 0; i < n * d; i++) y0[i] = frand() * 3.0f, x[i] = frand() * 2.0f;
+        for (int64_t i = 0; i < d; i++) w[i] = frand();
+        const float *wp = cases[c].weight ? w : NULL;
+        memcpy(y_ref, y0, sizeof(float) * n * d);
+        b->ops->add(b, y_ref, x, n * d);
+        b->ops->rms_norm(b, y_ref, wp, n, d, 1e-6f, out_ref);
+        memcpy(y, y0, sizeof(float) * n * d);
+        CHECK(b->ops->add_rms_norm != NULL);
+        if (cases[c].in_place) {
+            b->ops->add_rms_norm(b, y, x, wp, n, d, 1e-6f, y);
+            CHECK(memcmp(y, out_ref, sizeof(float) * n * d) == 0);
+        } else {
+            b->ops->add_rms_norm(b, y, x, wp, n, d, 1e-6f, out);
+            CHECK(memcmp(y, y_ref, sizeof(float) * n * d) == 0);
+            CHECK(memcmp(out, out_ref, sizeof(float) * n * d) == 0);
+        }
+        free(y0), free(x), free(w), free(y_ref), free(out_ref), free(y), free(out);
+        lm_backend_free(b);
+    }
+}
+
 int main(void) {
+    test_add_rms_norm();
     test_q8_quantize();
     test_q8_accuracy();
     test_q8_kernels();

@@ -175,6 +175,7 @@ static const lm_backend_ops k_cpu_ops = {
     .matmul_many = lm_cpu_matmul_many,
     .rms_norm = lm_cpu_rms_norm,
     .add = lm_cpu_add,
+    .add_rms_norm = lm_cpu_add_rms_norm,
     .add_bias = lm_cpu_add_bias,
     .scale = lm_cpu_scale,
     .rope = lm_cpu_rope,

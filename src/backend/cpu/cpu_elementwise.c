@@ -87,6 +87,35 @@ void lm_cpu_rms_norm(lm_backend *b, const float *x, const float *w, int64_t n, i
     lm_cpu_parallel_for(b, n, MIN_ROWS_PER_THREAD, rms_norm_rows, &job);
 }
 
+/* add_rms_norm: each row's add, then that row's norm by the same row function as
+ * rms_norm (so the same bits as the two ops one after the other) */
+typedef struct add_norm_job {
+    norm_job norm; /* x: the rows added into (y), y: out */
+    float *y;
+    const float *x;
+    void (*rows)(void *ctx, int64_t r0, int64_t r1); /* rms_norm's row function */
+} add_norm_job;
+
+static void add_rms_norm_rows(void *ctx, int64_t r0, int64_t r1) {
+    add_norm_job *j = ctx;
+    const int64_t d = j->norm.d;
+    for (int64_t r = r0; r < r1; r++) {
+        float *yr = j->y + r * d;
+        const float *xr = j->x + r * d;
+        for (int64_t k = 0; k < d; k++) yr[k] += xr[k];
+        j->rows(&j->norm, r, r + 1);
+    }
+}
+
+void lm_cpu_add_rms_norm(lm_backend *b, float *y, const float *x, const float *w, int64_t n, int64_t d, float eps,
+                         float *out) {
+    add_norm_job job = {{y, w, d, eps, out}, y, x, rms_norm_rows};
+#if defined(__x86_64__)
+    if (use_avx512()) job.rows = rms_norm_rows_avx512;
+#endif
+    lm_cpu_parallel_for(b, n, MIN_ROWS_PER_THREAD, add_rms_norm_rows, &job);
+}
+
 void lm_cpu_add(lm_backend *b, float *y, const float *x, int64_t n) {
     (void)b;
     for (int64_t i = 0; i < n; i++) y[i] += x[i];

@@ -75,6 +75,8 @@ lm_status lm_cpu_matmul_many(lm_backend *b, const lm_weight *const *w, int n_w, 
                              float *const *y);
 void lm_cpu_rms_norm(lm_backend *b, const float *x, const float *w, int64_t n, int64_t d, float eps, float *y);
 void lm_cpu_add(lm_backend *b, float *y, const float *x, int64_t n);
+void lm_cpu_add_rms_norm(lm_backend *b, float *y, const float *x, const float *w, int64_t n, int64_t d, float eps,
+                         float *out);
 void lm_cpu_add_bias(lm_backend *b, float *y, const float *bias, int64_t n, int64_t d);
 void lm_cpu_scale(lm_backend *b, float *y, float s, int64_t n);
 void lm_cpu_rope(lm_backend *b, float *x, int64_t n, int64_t n_head, int64_t head_dim, int64_t n_rot,

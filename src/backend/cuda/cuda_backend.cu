@@ -545,9 +545,11 @@ static void init_ops(void) {
     o->swiglu = lm_cuda_swiglu;
     o->geglu = lm_cuda_geglu;
     o->kv_store = lm_cuda_kv_store;
-    /* LUMEN_CUDA_FUSED=0: the separate ops (the fused op's A/B switch and its test) */
+    /* LUMEN_CUDA_FUSED=0: the separate ops (the fused ops' A/B switch and their test) */
     const char *fused = getenv("LUMEN_CUDA_FUSED");
-    o->qkv_finish = fused && strcmp(fused, "0") == 0 ? NULL : lm_cuda_qkv_finish;
+    bool no_fused = fused && strcmp(fused, "0") == 0;
+    o->add_rms_norm = no_fused ? NULL : lm_cuda_add_rms_norm;
+    o->qkv_finish = no_fused ? NULL : lm_cuda_qkv_finish;
     o->attention = lm_cuda_attention;
     o->pass_begin = lm_cuda_pass_begin;
     o->pass_end = lm_cuda_pass_end;

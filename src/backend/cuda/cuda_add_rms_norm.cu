@@ -1,0 +1,39 @@
+/* y += x, then out = rms_norm(y) * w: the residual add and the norm after it in one
+ * launch. Bit-identical to add_kernel then rms_norm_kernel: the same __fadd_rn per
+ * element, the same block sum of squares (lm_cuda_block_sum_sq, 256 threads) and
+ * the same rounding of the scaling. Each thread adds exactly the elements it then
+ * reads for the sum and for the scaling (j = threadIdx.x + k * 256), so no other
+ * thread's writes are needed in between. */
+#include "backend/cuda/cuda_internal.cuh"
+
+enum { ADD_NORM_THREADS = 256, ADD_NORM_WARPS = ADD_NORM_THREADS / 32 };
+
+__global__ void __launch_bounds__(ADD_NORM_THREADS)
+    add_rms_norm_kernel(float *y, const float *x, const float *__restrict__ w, int64_t d, float eps, float *out) {
+    lm_pdl_enter();
+    __shared__ double part[ADD_NORM_WARPS];
+    float *yr = y + (int64_t)blockIdx.x * d;
+    const float *xr = x + (int64_t)blockIdx.x * d;
+    float *outr = out + (int64_t)blockIdx.x * d;
+    for (int64_t j = threadIdx.x; j < d; j += ADD_NORM_THREADS) yr[j] = __fadd_rn(yr[j], xr[j]);
+    const double total = lm_cuda_block_sum_sq<ADD_NORM_THREADS>(yr, d, part);
+    const float inv = (float)(1.0 / sqrt(total / (double)d + (double)eps));
+    for (int64_t j = threadIdx.x; j < d; j += ADD_NORM_THREADS) {
+        float v = __fmul_rn(yr[j], inv);
+        outr[j] = w ? __fmul_rn(v, w[j]) : v;
+    }
+}
+
+extern "C" void lm_cuda_add_rms_norm(lm_backend *b, float *y, const float *x, const float *w, int64_t n, int64_t d,
+                                     float eps, float *out) {
+    lm_cuda_backend *cu = lm_cuda(b);
+    lm_cuda_enter(cu);
+    if (n <= 0 || d <= 0 || lm_cuda_replaying(cu)) return;
+    const int64_t max_rows = 2147483647LL;
+    for (int64_t r0 = 0; r0 < n; r0 += max_rows) {
+        int64_t nn = n - r0 < max_rows ? n - r0 : max_rows;
+        lm_cuda_launch(cu, add_rms_norm_kernel, (unsigned)nn, ADD_NORM_THREADS, y + r0 * d, x + r0 * d, w, d, eps,
+                       out + r0 * d);
+        if (!lm_cuda_launched(cu, "add_rms_norm_kernel")) return;
+    }
+}
