@@ -331,7 +331,6 @@ __global__ void __launch_bounds__(DT_THREADS)
     __shared__ float red_max[DT_WARPS][DT_ROWS], red_sum[DT_WARPS][DT_ROWS];
     __shared__ int64_t slot_sh[ATT_SPLIT];
     __shared__ int last_sh;
-    lm_pdl_enter();
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c2 = 2 * (lane & 3);
     const int item = blockIdx.x; /* (token, KV head, chunk of query heads) */
@@ -349,6 +348,10 @@ __global__ void __launch_bounds__(DT_THREADS)
         const int p = pb + r;
         slot_sh[r] = (int64_t)table[p / bs] * bs + p % bs;
     }
+    /* the metadata (positions, block tables) was copied before the pass's kernels: it
+     * is read above while the kernel before this one still runs; q and the cache rows
+     * are that kernel's output */
+    lm_pdl_enter();
     /* q rounded to f16 (as the reference rounds it); rows past the group's heads 0 */
     for (int i = threadIdx.x; i < DT_ROWS * HD; i += DT_THREADS) {
         const int r = i / HD, d = i % HD;

@@ -30,9 +30,20 @@ __device__ void qf_norm_heads(float *x, int n_heads, int hd, const float *__rest
 template <bool F16>
 __global__ void __launch_bounds__(QF_THREADS) qkv_finish_kernel(const __grid_constant__ qf_args a,
                                                                  const int32_t *__restrict__ meta) {
-    lm_pdl_enter();
     __shared__ double part[QF_THREADS / 32];
+    /* the angles and the cache slot first, while the kernel before this one still
+     * runs: they need only the metadata, copied before the pass's kernels */
+    __shared__ float cs[QF_MAX_ROT / 2], sn[QF_MAX_ROT / 2];
     const int64_t t = blockIdx.x;
+    const int32_t pos = meta[t];
+    const int half = a.n_rot / 2;
+    for (int i = threadIdx.x; i < half; i += QF_THREADS) {
+        const double angle = lm_cuda_rope_angle(pos, a.freq_scale, a.theta, i, a.n_rot);
+        cs[i] = (float)cos(angle), sn[i] = (float)sin(angle);
+    }
+    const int32_t toff = meta[a.n + t];
+    const int64_t slot = (int64_t)meta[toff + pos / a.bs] * a.bs + pos % a.bs;
+    lm_pdl_enter();
     const int q_dim = a.n_head * a.hd, kv_dim = a.n_head_kv * a.hd;
     float *q = a.q + t * q_dim, *k = a.k + t * kv_dim, *v = a.v + t * kv_dim;
     if (a.bq) {
@@ -47,16 +58,8 @@ __global__ void __launch_bounds__(QF_THREADS) qkv_finish_kernel(const __grid_con
         qf_norm_heads(q, a.n_head, a.hd, a.q_norm, a.eps, part);
         qf_norm_heads(k, a.n_head_kv, a.hd, a.k_norm, a.eps, part);
     }
-    /* the angles first, then every (head, pair) at once: a loop over the heads per
-     * pair chained each head's loads behind the last one's stores (8 us a token) */
-    __shared__ float cs[QF_MAX_ROT / 2], sn[QF_MAX_ROT / 2];
-    const int32_t pos = meta[t];
-    const int half = a.n_rot / 2;
-    for (int i = threadIdx.x; i < half; i += QF_THREADS) {
-        const double angle = lm_cuda_rope_angle(pos, a.freq_scale, a.theta, i, a.n_rot);
-        cs[i] = (float)cos(angle), sn[i] = (float)sin(angle);
-    }
-    __syncthreads();
+    __syncthreads(); /* the angles; every (head, pair) at once: a loop over the heads
+                      * per pair chained each head's loads behind the last one's stores */
     for (int j = threadIdx.x; j < (a.n_head + a.n_head_kv) * half; j += QF_THREADS) {
         const int h = j / half, i = j % half;
         const float c = cs[i], s = sn[i];
@@ -67,8 +70,6 @@ __global__ void __launch_bounds__(QF_THREADS) qkv_finish_kernel(const __grid_con
         x[i1] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
     }
     __syncthreads();
-    const int32_t toff = meta[a.n + t];
-    const int64_t slot = (int64_t)meta[toff + pos / a.bs] * a.bs + pos % a.bs;
     for (int e = threadIdx.x; e < kv_dim; e += QF_THREADS) {
         if (F16) {
             ((__half *)a.K)[slot * kv_dim + e] = __float2half_rn(k[e]);
