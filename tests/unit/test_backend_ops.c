@@ -1,10 +1,10 @@
 /* Every op of the CUDA backend against the CPU reference on random inputs, by
  * normalized error ||gpu - ref|| / ||ref|| with a stated tolerance per op:
- *  - matmul per weight format for n = 1, 3, 16, 32, 40, 130, 300 (the matrix-vector,
- *    the tensor-core and the GEMM paths) against the exact product of the decoded
- *    weights (double), with the CPU backend's own error printed beside it; batch
- *    invariance within each path (bit-equal rows), and the difference between the
- *    paths measured;
+ *  - matmul per weight format for n = 1, 3, 16, 32, 40, 64, 100, 128, 130, 200, 256, 300
+ *    (the matrix-vector, the tensor-core and the GEMM paths) against the exact product
+ *    of the decoded weights (double), with the CPU backend's own error printed beside
+ *    it; batch invariance within each path (bit-equal rows), and the difference between
+ *    the paths measured; matmul_many bit-equal to separate products on every path;
  *  - get_rows (bit-exact decoding), rms_norm, add, add_bias, scale, rope (both
  *    pairings, partial rotation, scaled positions), swiglu, geglu;
  *  - kv_store (bit-equal cache contents) and attention over a paged cache with several
@@ -30,17 +30,21 @@ static lm_backend *g_cpu, *g_gpu, *g_gpu_direct; /* direct: no graphs, no fused 
  * cuBLAS GEMMs (inside recorded graphs too) */
 static lm_backend *g_gpu_gemm, *g_gpu_gemm_direct;
 static uint64_t g_rng = 0x5eed;
-static int64_t g_mv_max_n = 4;  /* the CUDA backend's defaults: LUMEN_CUDA_MV_MAX_N, */
-static int64_t g_tc_max_n = 32; /* LUMEN_CUDA_TC_MAX_N                               */
+static int64_t g_mv_max_n = 4;    /* the CUDA backend's defaults: LUMEN_CUDA_MV_MAX_N, */
+static int64_t g_tc_max_n = 128;  /* LUMEN_CUDA_TC_MAX_N,                              */
+static int64_t g_gemm_chunk = 256; /* LUMEN_CUDA_GEMM_CHUNK                            */
 
-enum { PATH_MV, PATH_TC, PATH_GEMM };
-static const char *const k_path_name[] = {"mv", "tc", "gemm"};
+/* GEMM2: the GEMM path's batches above gemm_chunk, in chunks of twice that (another
+ * GEMM shape, so another summation order) */
+enum { PATH_MV, PATH_TC, PATH_GEMM, PATH_GEMM2, PATH_COUNT };
+static const char *const k_path_name[] = {"mv", "tc", "gemm", "gemm2"};
 
-/* the backend's choice of kernel for n tokens (cuda_matmul.cu, path_of) */
+/* the backend's choice of kernel for n tokens (cuda_matmul.cu, path_of and
+ * gemm_chunk_of) */
 static int matmul_path(lm_dtype type, int64_t cols, int64_t n) {
     if (n <= g_mv_max_n) return PATH_MV;
     if (n <= g_tc_max_n && type != LM_DTYPE_F32 && cols % 32 == 0) return PATH_TC;
-    return PATH_GEMM;
+    return n <= g_gemm_chunk ? PATH_GEMM : PATH_GEMM2;
 }
 static char g_dir[256];
 
@@ -202,8 +206,8 @@ static void test_matmul_type(lm_dtype type, int64_t rows, int64_t cols, const in
     for (int i = 0; i < n_ns; i++) n_max = ns[i] > n_max ? ns[i] : n_max;
     float *x = fmalloc(n_max * cols);
     fill(x, n_max * cols, 1.0f);
-    float *y1 = NULL, *y_path[3] = {NULL, NULL, NULL}; /* the largest n of each path */
-    int64_t n_path[3] = {0, 0, 0};
+    float *y1 = NULL, *y_path[PATH_COUNT] = {NULL}; /* the largest n of each path */
+    int64_t n_path[PATH_COUNT] = {0};
     for (int i = 0; i < n_ns; i++) {
         int64_t n = ns[i];
         double *ref = malloc(sizeof(double) * (size_t)(n * rows));
@@ -251,10 +255,54 @@ static void test_matmul_type(lm_dtype type, int64_t rows, int64_t cols, const in
         printf("  %-10s %-40s token 0 at n=1 (%s) vs in a GEMM batch: nerr %.2e\n", "invariance",
                lm_dtype_name(type), k_path_name[p1], d);
     }
-    free(y1), free(y_path[0]), free(y_path[1]), free(y_path[2]), free(x);
+    free(y1), free(x);
+    for (int p = 0; p < PATH_COUNT; p++) free(y_path[p]);
     g_gpu->ops->weight_free(g_gpu, gw);
     g_cpu->ops->weight_free(g_cpu, cw);
     free_weight(&w);
+}
+
+/* matmul_many (one launch over the weights' concatenated rows on the matrix-vector and
+ * tensor-core paths) against separate matmul calls: bit-equal on every path. Row
+ * counts that are not multiples of 16 put each weight's rows elsewhere in the tiles. */
+static void test_matmul_many(lm_dtype type) {
+    static const int64_t rows[3] = {40, 24, 200}, ns[] = {3, 24, 100, 300};
+    const int64_t cols = 512, n_max = 300;
+    if (!g_gpu->ops->matmul_many) return;
+    test_weight w[3];
+    lm_weight *gw[3] = {NULL, NULL, NULL};
+    for (int k = 0; k < 3; k++) {
+        make_weight(&w[k], type, rows[k], cols);
+        CHECK(g_gpu->ops->weight_create(g_gpu, &w[k].t, &gw[k]) == LM_OK);
+    }
+    float *x = fmalloc(n_max * cols);
+    fill(x, n_max * cols, 1.0f);
+    for (size_t i = 0; i < sizeof ns / sizeof ns[0] && gw[0] && gw[1] && gw[2]; i++) {
+        const int64_t n = ns[i];
+        float *dx = gpu_upload(x, sizeof(float) * (size_t)(n * cols)), *dy[3];
+        for (int k = 0; k < 3; k++) dy[k] = g_gpu->ops->alloc(g_gpu, sizeof(float) * (size_t)(n * rows[k]));
+        lm_status st = g_gpu->ops->matmul_many(g_gpu, (const lm_weight *const *)gw, 3, dx, n, dy);
+        if (st) fprintf(stderr, "matmul_many: %s\n", lm_last_error());
+        CHECK(st == LM_OK);
+        bool same = true;
+        for (int k = 0; k < 3; k++) {
+            float *many = fmalloc(n * rows[k]), *one = gpu_matmul(gw[k], x, n, rows[k], cols);
+            gpu_download(many, dy[k], sizeof(float) * (size_t)(n * rows[k]));
+            same = same && bit_equal(many, one, n * rows[k]);
+            free(many), free(one), gpu_free(dy[k]);
+        }
+        gpu_free(dx);
+        char what[64];
+        snprintf(what, sizeof what, "%s 40+24+200x%lld n=%lld (%s)", lm_dtype_name(type), (long long)cols,
+                 (long long)n, k_path_name[matmul_path(type, cols, n)]);
+        printf("  %-10s %-40s %s\n", "many", what, same ? "== separate products (bit-equal)" : "DIFFER");
+        CHECK(same);
+    }
+    free(x);
+    for (int k = 0; k < 3; k++) {
+        if (gw[k]) g_gpu->ops->weight_free(g_gpu, gw[k]);
+        free_weight(&w[k]);
+    }
 }
 
 static void test_matmul(void) {
@@ -262,14 +310,20 @@ static void test_matmul(void) {
                                      LM_DTYPE_Q5_0, LM_DTYPE_Q5_1, LM_DTYPE_Q8_0, LM_DTYPE_Q2_K, LM_DTYPE_Q3_K,
                                      LM_DTYPE_Q4_K, LM_DTYPE_Q5_K, LM_DTYPE_Q6_K, LM_DTYPE_Q8_1, LM_DTYPE_Q8_K,
                                      LM_DTYPE_AFFINE};
-    static const int64_t ns[] = {1, 3, 16, 130, 40, 300, 32};
-    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) test_matmul_type(types[i], 200, 512, ns, 7);
+    /* 16-40: tc_kernel; 64-256: tc_wide_kernel (its parts split over blocks: 200 rows
+     * make too few blocks) when the tensor-core path reaches that far */
+    static const int64_t ns[] = {1, 3, 16, 130, 40, 300, 32, 64, 100, 128, 200, 256};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+        test_matmul_type(types[i], 200, 512, ns, (int)(sizeof ns / sizeof ns[0]));
     if (getenv("LUMEN_TEST_OPS_QUICK")) return; /* under compute-sanitizer */
-    /* long rows (several warps per row), and more rows than one GEMM tile */
-    static const int64_t ns2[] = {1, 24, 300};
-    test_matmul_type(LM_DTYPE_Q4_K, 96, 8960, ns2, 3);
-    test_matmul_type(LM_DTYPE_Q6_K, 16500, 512, ns2, 3);
-    test_matmul_type(LM_DTYPE_BF16, 16500, 256, ns2, 3);
+    /* long rows (several warps per row; the wide kernel's parts in 8 blocks), and more
+     * rows than one GEMM tile (the wide kernel with each block summing all parts) */
+    static const int64_t ns2[] = {1, 24, 100, 300};
+    test_matmul_type(LM_DTYPE_Q4_K, 96, 8960, ns2, 4);
+    test_matmul_type(LM_DTYPE_Q6_K, 16500, 512, ns2, 4);
+    test_matmul_type(LM_DTYPE_BF16, 16500, 256, ns2, 4);
+    test_matmul_many(LM_DTYPE_BF16);
+    test_matmul_many(LM_DTYPE_Q4_K);
 }
 
 static void test_get_rows(void) {
@@ -794,6 +848,8 @@ int main(void) {
     const char *mv = getenv("LUMEN_CUDA_MV_MAX_N"), *tc = getenv("LUMEN_CUDA_TC_MAX_N");
     if (mv && mv[0] && atoll(mv) >= 0) g_mv_max_n = atoll(mv);
     if (tc && tc[0] && atoll(tc) >= 0) g_tc_max_n = atoll(tc);
+    const char *chunk = getenv("LUMEN_CUDA_GEMM_CHUNK"); /* as the backend reads it */
+    if (chunk && atoll(chunk) >= 16 && atoll(chunk) <= 4096) g_gemm_chunk = atoll(chunk) / 16 * 16;
     char tc_env[32];
     snprintf(tc_env, sizeof tc_env, "%s", tc ? tc : "");
     setenv("LUMEN_CUDA_TC_MAX_N", "0", 1);
