@@ -31,7 +31,7 @@ static lm_backend *g_cpu, *g_gpu, *g_gpu_direct; /* direct: no graphs, no fused 
 static lm_backend *g_gpu_gemm, *g_gpu_gemm_direct;
 static uint64_t g_rng = 0x5eed;
 static int64_t g_mv_max_n = 4;    /* the CUDA backend's defaults: LUMEN_CUDA_MV_MAX_N, */
-static int64_t g_tc_max_n = 128;  /* LUMEN_CUDA_TC_MAX_N,                              */
+static int64_t g_tc_max_n = 32;   /* LUMEN_CUDA_TC_MAX_N,                              */
 static int64_t g_gemm_chunk = 256; /* LUMEN_CUDA_GEMM_CHUNK                            */
 
 /* GEMM2: the GEMM path's batches above gemm_chunk, in chunks of twice that (another

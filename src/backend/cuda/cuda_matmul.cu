@@ -3,10 +3,9 @@
  * Three paths, chosen by the token count n and the weight (path_of), never by the
  * other tokens of the batch. The thresholds were measured on the H200 with a 1.5B
  * bf16 model (bench/cuda_quick_run.sh, decode tokens/s at 1 / 8 / 64 / 256
- * sequences): matrix-vector 420 at 1; GEMM 1,895 at 8, 11,920 at 64, 25,793 at 256;
- * the tensor-core path before tc_wide_kernel 357 / 2,570 / 9,455 / 13,204. The tensor-
- * core path's figures at 64-256 tokens with tc_wide_kernel are to be measured (its
- * default reach, 128, is an estimate: see below).
+ * sequences, 2026-11-30): matrix-vector 420 at 1; GEMM 1,895 at 8, 15,589 at 64,
+ * 42,865 at 256; tensor cores 3,502 at 8, and with LUMEN_CUDA_TC_MAX_N=256
+ * (tc_wide_kernel above 32 tokens) 8,233 at 64 and 15,634 at 256.
  *
  *  - matrix-vector (n <= mv_max_n, 4 unless LUMEN_CUDA_MV_MAX_N says otherwise):
  *    decode of a few sequences. A row per warp (or per 2-4 warps when the row is
@@ -24,15 +23,11 @@
  *    bf16 activations, f32 sums in one fixed order for every n, so bit batch-invariant
  *    for every n it serves; tc_kernel up to 32 tokens, tc_wide_kernel (128 rows x 64
  *    tokens a block, the activations staged once per block in shared memory) above,
- *    both in that order. Against the GEMM path at 33-256 tokens (which pads every batch
- *    to 256 columns and rounds the activations in a separate kernel): tc_wide_kernel
- *    reads the weights from memory once and, per further 64 tokens, once more from L2,
- *    and the f32 activations once per 128 rows, so it moves about twice the weights'
- *    bytes through L2 per 64 tokens; estimated to win clearly up to 128 tokens and to
- *    be about even with the GEMM at 256, so tc_max_n defaults to 128 (to be measured:
- *    LUMEN_CUDA_TC_MAX_N=64 / 128 / 256). LUMEN_CUDA_MV_MAX_N=0 with
- *    LUMEN_CUDA_TC_MAX_N=256 makes every decode batch up to 256 take it: decode
- *    invariant across batch sizes.
+ *    both in that order. tc_max_n is 32: at 64 and 256 tokens tc_wide_kernel measured
+ *    about half and a third of the GEMM path's decode rate (figures above), where it
+ *    was estimated to win up to 128 tokens; why is not profiled yet.
+ *    LUMEN_CUDA_MV_MAX_N=0 with LUMEN_CUDA_TC_MAX_N=256 makes every decode batch up
+ *    to 256 take it: decode bit-invariant across batch sizes, at that cost.
  *
  *  - GEMM (larger n: prefill, large batches): weight rows decoded to bf16 a tile
  *    at a time (F32 weights: cublasSgemm on the weights in place; BF16: used in
