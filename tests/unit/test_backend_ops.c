@@ -310,14 +310,13 @@ static void test_matmul(void) {
                                      LM_DTYPE_Q5_0, LM_DTYPE_Q5_1, LM_DTYPE_Q8_0, LM_DTYPE_Q2_K, LM_DTYPE_Q3_K,
                                      LM_DTYPE_Q4_K, LM_DTYPE_Q5_K, LM_DTYPE_Q6_K, LM_DTYPE_Q8_1, LM_DTYPE_Q8_K,
                                      LM_DTYPE_AFFINE};
-    /* 16-40: tc_kernel; 64-256: tc_wide_kernel (its parts split over blocks: 200 rows
-     * make too few blocks) when the tensor-core path reaches that far */
+    /* 16-32: the tensor-core path; 40-256: the GEMM path in chunks of 256, 300 in
+     * chunks of 512 (with LUMEN_CUDA_TC_MAX_N=256 the tensor cores take 40-256) */
     static const int64_t ns[] = {1, 3, 16, 130, 40, 300, 32, 64, 100, 128, 200, 256};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         test_matmul_type(types[i], 200, 512, ns, (int)(sizeof ns / sizeof ns[0]));
     if (getenv("LUMEN_TEST_OPS_QUICK")) return; /* under compute-sanitizer */
-    /* long rows (several warps per row; the wide kernel's parts in 8 blocks), and more
-     * rows than one GEMM tile (the wide kernel with each block summing all parts) */
+    /* long rows (several warps per row), and more rows than one GEMM tile */
     static const int64_t ns2[] = {1, 24, 100, 300};
     test_matmul_type(LM_DTYPE_Q4_K, 96, 8960, ns2, 4);
     test_matmul_type(LM_DTYPE_Q6_K, 16500, 512, ns2, 4);

@@ -28,13 +28,12 @@ enum lm_cuda_meta_kind { LM_CUDA_META_POS, LM_CUDA_META_ATTN, LM_CUDA_META_IDS, 
 enum lm_cuda_scratch_slot {
     LM_CUDA_SCR_WTILE, /* matmul: a tile of weight rows dequantized to bf16    */
     LM_CUDA_SCR_XB,    /* matmul: activations as bf16 (or padded f32)          */
-    LM_CUDA_SCR_Y,     /* matmul: one GEMM chunk's output; tc_wide_kernel's    */
-                       /* part sums                                            */
+    LM_CUDA_SCR_Y,     /* matmul: one GEMM chunk's output                      */
     LM_CUDA_SCR_ATTN,  /* attention: split partials                            */
     LM_CUDA_SCR_COPY,  /* copy: staging for overlapping ranges                 */
     LM_CUDA_SCR_TOPK,  /* logits_topk: the candidates before their copy home    */
-    LM_CUDA_SCR_COUNTS, /* attention's split and tc_wide_kernel's part counters */
-                        /* (zeroed when allocated; the kernels leave them at 0) */
+    LM_CUDA_SCR_COUNTS, /* attention: split counters (zeroed when allocated; the */
+                        /* kernels leave them at zero)                           */
     LM_CUDA_SCR_COUNT
 };
 

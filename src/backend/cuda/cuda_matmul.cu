@@ -3,9 +3,12 @@
  * Three paths, chosen by the token count n and the weight (path_of), never by the
  * other tokens of the batch. The thresholds were measured on the H200 with a 1.5B
  * bf16 model (bench/cuda_quick_run.sh, decode tokens/s at 1 / 8 / 64 / 256
- * sequences, 2026-11-30): matrix-vector 420 at 1; GEMM 1,895 at 8, 15,589 at 64,
- * 42,865 at 256; tensor cores 3,502 at 8, and with LUMEN_CUDA_TC_MAX_N=256
- * (tc_wide_kernel above 32 tokens) 8,233 at 64 and 15,634 at 256.
+ * sequences, 2026-11-30): matrix-vector 420 at 1; tensor cores 3,502 at 8; GEMM 1,895
+ * at 8, 15,589 at 64, 42,865 at 256. A tensor-core kernel for 33-256 tokens that staged
+ * the activations of 64 tokens in shared memory for 128 rows at a time measured 8,233
+ * at 64 and 15,634 at 256, and its summation order (contiguous parts) made batched
+ * greedy outputs of the real SmolLM2 differ from alone at a top-two gap of 0.07; it
+ * was dropped.
  *
  *  - matrix-vector (n <= mv_max_n, 4 unless LUMEN_CUDA_MV_MAX_N says otherwise):
  *    decode of a few sequences. A row per warp (or per 2-4 warps when the row is
@@ -18,16 +21,13 @@
  *    LUMEN_CUDA_MV_MAX_N=1000000000 sends every product here: every product exact
  *    f32, bit batch-invariant, slower.
  *
- *  - tensor cores (n <= tc_max_n, LUMEN_CUDA_TC_MAX_N; every format but F32, widths a
- *    multiple of 32): decode batches. cuda_matmul_tc.cu: weights decoded in registers,
- *    bf16 activations, f32 sums in one fixed order for every n, so bit batch-invariant
- *    for every n it serves; tc_kernel up to 32 tokens, tc_wide_kernel (128 rows x 64
- *    tokens a block, the activations staged once per block in shared memory) above,
- *    both in that order. tc_max_n is 32: at 64 and 256 tokens tc_wide_kernel measured
- *    about half and a third of the GEMM path's decode rate (figures above), where it
- *    was estimated to win up to 128 tokens; why is not profiled yet.
- *    LUMEN_CUDA_MV_MAX_N=0 with LUMEN_CUDA_TC_MAX_N=256 makes every decode batch up
- *    to 256 take it: decode bit-invariant across batch sizes, at that cost.
+ *  - tensor cores (n <= tc_max_n, 32 unless LUMEN_CUDA_TC_MAX_N says otherwise; every
+ *    format but F32, widths a multiple of 32): decode of 5-32 sequences.
+ *    cuda_matmul_tc.cu: weights decoded in registers, bf16 activations, f32 sums,
+ *    bit batch-invariant for every n it serves (LUMEN_CUDA_MV_MAX_N=0 with
+ *    LUMEN_CUDA_TC_MAX_N=256 makes every decode batch up to 256 take it: decode
+ *    invariant across batch sizes, at a cost: 357 / 2,570 / 9,455 / 13,204 tokens/s at
+ *    1 / 8 / 64 / 256 sequences in the third session's measurement).
  *
  *  - GEMM (larger n: prefill, large batches): weight rows decoded to bf16 a tile
  *    at a time (F32 weights: cublasSgemm on the weights in place; BF16: used in

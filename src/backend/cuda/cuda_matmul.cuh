@@ -44,10 +44,7 @@ static inline mv_set mv_set_of(const lm_weight *const *w, int n_w, float *const 
 }
 
 /* The tensor-core path (cuda_matmul_tc.cu): y = W x for the n tokens of x, W of a
- * format tc_supports() accepts, in one summation order for every n (bit
- * batch-invariant). Large batches whose row blocks are fewer than the SMs use the
- * LM_CUDA_SCR_Y scratch for partial sums and LM_CUDA_SCR_COUNTS for counters (left at
- * zero, as attention leaves its own). Errors are recorded on the backend. */
+ * format tc_supports() accepts. Errors are recorded on the backend. */
 bool lm_cuda_tc_supports(const lm_weight *w);
 void lm_cuda_matmul_tc(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, const float *x, int64_t n,
                        float *const *y);
