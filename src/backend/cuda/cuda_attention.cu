@@ -24,7 +24,7 @@
  * With an F16 cache the query is rounded to f16 like the keys, as the CPU reference
  * does; the softmax weights are not rounded to f16 (the reference rounds them; the
  * difference is within f16 rounding, ~1e-4 relative). Everything else is f32. */
-#include "backend/cuda/cuda_mma_f16.cuh"
+#include "backend/cuda/cuda_internal.cuh"
 
 enum {
     ATT_WARPS = 8,   /* a warp per query head of the block */
@@ -306,184 +306,6 @@ __global__ void __launch_bounds__(ATT_THREADS)
     merge_if_last<DPL, ATT_WARPS>(part, out, counts, item, t, n_head, h0, nh, hd, n_split, max_splits, &last_sh);
 }
 
-/* The same work on the tensor cores, for an F16 cache and head sizes 64 and 128: the
- * query heads of a block (up to 16, one KV head's group) are the rows of an m16n8k16
- * product, so a split's scores are 16 x 64 products of f16 q and keys with f32 sums
- * (4 warps, 16 positions each), its softmax weights are rounded to f16 as the CPU
- * reference rounds them, and P V runs on the tensor cores too (a warp per quarter of
- * the output dimensions). The scalar kernel spent most of a 256-sequence step's
- * attention (34 us a layer) on scalar multiply-adds out of shared memory. */
-enum { DT_WARPS = 4, DT_THREADS = 32 * DT_WARPS, DT_ROWS = 16 };
-
-template <int HD>
-__global__ void __launch_bounds__(DT_THREADS)
-    attn_dec_tc_kernel(const int32_t *__restrict__ meta, int n, int n_head, int n_head_kv, int group, int chunks,
-                       int64_t d_kv, int bs, const __half *__restrict__ K, const __half *__restrict__ V,
-                       const float *__restrict__ q, int64_t window, float scale, int max_splits,
-                       float *__restrict__ out, float *__restrict__ part, int *__restrict__ counts) {
-    constexpr int ST = HD + 8;            /* K/V/Q row stride in halves: 16-byte pad, no bank conflicts */
-    constexpr int PST = ATT_SPLIT + 8;    /* P row stride */
-    constexpr int DPW = HD / DT_WARPS;    /* output dimensions per warp */
-    __shared__ __align__(16) __half k_sh[ATT_SPLIT * ST];
-    __shared__ __align__(16) __half v_sh[ATT_SPLIT * ST];
-    __shared__ __align__(16) __half q_sh[DT_ROWS * ST];
-    __shared__ __align__(16) __half p_sh[DT_ROWS * PST];
-    __shared__ float red_max[DT_WARPS][DT_ROWS], red_sum[DT_WARPS][DT_ROWS];
-    __shared__ int64_t slot_sh[ATT_SPLIT];
-    __shared__ int last_sh;
-
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c2 = 2 * (lane & 3);
-    const int item = blockIdx.x; /* (token, KV head, chunk of query heads) */
-    const int t = item / (n_head_kv * chunks), hk = (item / chunks) % n_head_kv, chunk = item % chunks;
-    const int h0 = hk * group + chunk * DT_ROWS, nh = min(DT_ROWS, group - chunk * DT_ROWS);
-    int pos, lo, n_split;
-    token_range(meta, t, window, &pos, &lo, &n_split);
-    const int split = blockIdx.y;
-    if (split >= n_split) return;
-    const int pb = lo + split * ATT_SPLIT, nr = min(pos, pb + ATT_SPLIT - 1) - pb + 1;
-    const int32_t *table = meta + meta[n + t];
-    const int64_t head_off = (int64_t)hk * HD;
-
-    for (int r = threadIdx.x; r < nr; r += DT_THREADS) {
-        const int p = pb + r;
-        slot_sh[r] = (int64_t)table[p / bs] * bs + p % bs;
-    }
-    /* the metadata (positions, block tables) was copied before the pass's kernels: it
-     * is read above while the kernel before this one still runs; q and the cache rows
-     * are that kernel's output */
-    lm_pdl_enter();
-    /* q rounded to f16 (as the reference rounds it); rows past the group's heads 0 */
-    for (int i = threadIdx.x; i < DT_ROWS * HD; i += DT_THREADS) {
-        const int r = i / HD, d = i % HD;
-        q_sh[r * ST + d] = __float2half_rn(r < nh ? q[((int64_t)t * n_head + h0 + r) * HD + d] : 0.0f);
-    }
-    /* value rows past the split's end are zeros: their weights are 0, and 0 times
-     * whatever the slot holds (NaN included) must stay 0 */
-    for (int i = threadIdx.x; i < (ATT_SPLIT - nr) * (HD / 8); i += DT_THREADS)
-        *(uint4 *)(v_sh + (nr + i / (HD / 8)) * ST + (i % (HD / 8)) * 8) = make_uint4(0u, 0u, 0u, 0u);
-    __syncthreads();
-    constexpr int CPR = HD / 8; /* 16-byte chunks a row */
-    for (int i = threadIdx.x; i < nr * CPR; i += DT_THREADS) {
-        const int r = i / CPR, c = i % CPR;
-        const int64_t off = slot_sh[r] * d_kv + head_off + c * 8;
-        cp_async16(k_sh + r * ST + c * 8, K + off);
-        cp_async16(v_sh + r * ST + c * 8, V + off);
-    }
-    cp_async_wait_all();
-    __syncthreads();
-
-    /* S = Q K^T for this warp's 16 positions (two n8 tiles) */
-    float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-#pragma unroll
-    for (int kc = 0; kc < HD / 16; kc++) {
-        uint32_t a[4];
-        a[0] = *(const uint32_t *)(q_sh + g * ST + kc * 16 + c2);
-        a[1] = *(const uint32_t *)(q_sh + (g + 8) * ST + kc * 16 + c2);
-        a[2] = *(const uint32_t *)(q_sh + g * ST + kc * 16 + c2 + 8);
-        a[3] = *(const uint32_t *)(q_sh + (g + 8) * ST + kc * 16 + c2 + 8);
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++) {
-            const __half *kr = k_sh + (warp * 16 + nt * 8 + g) * ST + kc * 16 + c2;
-            mma16816(s[nt], a, *(const uint32_t *)kr, *(const uint32_t *)(kr + 8));
-        }
-    }
-    /* softmax over the split: the row max across the warps, weights rounded to f16,
-     * their sum as applied */
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const bool ok = warp * 16 + nt * 8 + c2 + (e & 1) < nr;
-            s[nt][e] = ok ? __fmul_rn(scale, s[nt][e]) : -INFINITY;
-            mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);
-        }
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
-        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
-        if ((lane & 3) == 0) red_max[warp][g + 8 * i] = mx[i];
-    }
-    __syncthreads();
-    float M[2], sum[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        M[i] = red_max[0][g + 8 * i];
-#pragma unroll
-        for (int w = 1; w < DT_WARPS; w++) M[i] = fmaxf(M[i], red_max[w][g + 8 * i]);
-    }
-#pragma unroll
-    for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            const float e0 = s[nt][2 * i] == -INFINITY ? 0.0f : expf(s[nt][2 * i] - M[i]);
-            const float e1 = s[nt][2 * i + 1] == -INFINITY ? 0.0f : expf(s[nt][2 * i + 1] - M[i]);
-            const __half2 h = __floats2half2_rn(e0, e1);
-            *(__half2 *)(p_sh + (g + 8 * i) * PST + warp * 16 + nt * 8 + c2) = h;
-            const float2 f = __half22float2(h);
-            sum[i] += f.x + f.y;
-        }
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], 1);
-        sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], 2);
-        if ((lane & 3) == 0) red_sum[warp][g + 8 * i] = sum[i];
-    }
-    __syncthreads();
-    float L[2];
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        L[i] = red_sum[0][g + 8 * i];
-#pragma unroll
-        for (int w = 1; w < DT_WARPS; w++) L[i] += red_sum[w][g + 8 * i];
-    }
-
-    /* O = P V for this warp's output dimensions */
-    float o[DPW / 8][4];
-#pragma unroll
-    for (int j = 0; j < DPW / 8; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
-#pragma unroll
-    for (int ks = 0; ks < ATT_SPLIT / 16; ks++) {
-        uint32_t a[4];
-        a[0] = *(const uint32_t *)(p_sh + g * PST + ks * 16 + c2);
-        a[1] = *(const uint32_t *)(p_sh + (g + 8) * PST + ks * 16 + c2);
-        a[2] = *(const uint32_t *)(p_sh + g * PST + ks * 16 + c2 + 8);
-        a[3] = *(const uint32_t *)(p_sh + (g + 8) * PST + ks * 16 + c2 + 8);
-#pragma unroll
-        for (int j = 0; j < DPW / 8; j++) {
-            const __half *vc = v_sh + (ks * 16 + c2) * ST + warp * DPW + j * 8 + g;
-            mma16816(o[j], a, pack_halves(vc[0], vc[ST]), pack_halves(vc[8 * ST], vc[9 * ST]));
-        }
-    }
-
-    if (n_split == 1) {
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            const int r = g + 8 * i;
-            if (r >= nh) continue;
-            float *orow = out + ((int64_t)t * n_head + h0 + r) * HD + warp * DPW;
-#pragma unroll
-            for (int j = 0; j < DPW / 8; j++)
-                *(float2 *)(orow + j * 8 + c2) = make_float2(o[j][2 * i] / L[i], o[j][2 * i + 1] / L[i]);
-        }
-        return;
-    }
-    const size_t stride = (size_t)HD + 2;
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        const int r = g + 8 * i;
-        if (r >= nh) continue;
-        float *pp = part + (((size_t)t * n_head + h0 + r) * max_splits + split) * stride;
-        if (warp == 0 && c2 == 0) pp[0] = M[i], pp[1] = L[i];
-#pragma unroll
-        for (int j = 0; j < DPW / 8; j++) {
-            pp[2 + warp * DPW + j * 8 + c2] = o[j][2 * i];
-            pp[2 + warp * DPW + j * 8 + c2 + 1] = o[j][2 * i + 1];
-        }
-    }
-    merge_if_last<HD / 32, DT_WARPS>(part, out, counts, item, t, n_head, h0, nh, HD, n_split, max_splits, &last_sh);
-}
-
 int lm_cuda_attn_max_splits(const lm_attn_batch *batch, int64_t window) {
     int max_splits = 1;
     for (int64_t t = 0; t < batch->n_tokens; t++) {
@@ -515,11 +337,7 @@ extern "C" lm_status lm_cuda_attention(lm_backend *b, const lm_kv_cache *kv, int
     if (kv->type != LM_DTYPE_F16 && kv->type != LM_DTYPE_F32)
         return lm_error(LM_ERR_UNSUPPORTED, "attention: KV cache type %s", lm_dtype_name(kv->type));
     const bool f16 = kv->type == LM_DTYPE_F16;
-    /* the tensor cores for F16 caches of the head sizes they are built for (not in the
-     * exact mode, which keeps every attention on the f32 kernel) */
-    const bool tc = f16 && (head_dim == 64 || head_dim == 128) && !lm_cuda_exact(cu);
-    const int heads_per_block = tc ? (int)DT_ROWS : (int)ATT_HEADS;
-    const int group = (int)(n_head / n_head_kv), chunks = (group + heads_per_block - 1) / heads_per_block;
+    const int group = (int)(n_head / n_head_kv), chunks = (group + ATT_HEADS - 1) / ATT_HEADS;
     const int64_t items = n * n_head_kv * chunks;
     if (items > INT32_MAX)
         return lm_error(LM_ERR_LIMIT, "attention: %lld tokens x %lld heads is too many for one call", (long long)n,
@@ -548,25 +366,13 @@ extern "C" lm_status lm_cuda_attention(lm_backend *b, const lm_kv_cache *kv, int
     lm_cuda_launch(cu, attn_kernel<F, H>, grid, ATT_THREADS, meta, (int)n, (int)n_head, (int)n_head_kv, group,      \
                    chunks, (int)head_dim, d_kv, (int)kv->block_size, K, V, q, window, scale, max_splits, out, part, \
                    counts)
-#define LM_ATTN_TC(H)                                                                                                \
-    lm_cuda_launch(cu, attn_dec_tc_kernel<H>, grid, DT_THREADS, meta, (int)n, (int)n_head, (int)n_head_kv, group,   \
-                   chunks, d_kv, (int)kv->block_size, (const __half *)K, (const __half *)V, q, window, scale,       \
-                   max_splits, out, part, counts)
-    if (tc) {
-        if (head_dim == 64)
-            LM_ATTN_TC(64);
-        else
-            LM_ATTN_TC(128);
-    } else {
-        switch (head_dim) { /* the real models' head sizes unrolled; others at run time */
-        case 64: f16 ? LM_ATTN(true, 64) : LM_ATTN(false, 64); break;
-        case 128: f16 ? LM_ATTN(true, 128) : LM_ATTN(false, 128); break;
-        case 256: f16 ? LM_ATTN(true, 256) : LM_ATTN(false, 256); break;
-        default: f16 ? LM_ATTN(true, 0) : LM_ATTN(false, 0); break;
-        }
+    switch (head_dim) { /* the real models' head sizes unrolled; others at run time */
+    case 64: f16 ? LM_ATTN(true, 64) : LM_ATTN(false, 64); break;
+    case 128: f16 ? LM_ATTN(true, 128) : LM_ATTN(false, 128); break;
+    case 256: f16 ? LM_ATTN(true, 256) : LM_ATTN(false, 256); break;
+    default: f16 ? LM_ATTN(true, 0) : LM_ATTN(false, 0); break;
     }
 #undef LM_ATTN
-#undef LM_ATTN_TC
     lm_cuda_launched(cu, "attn_kernel");
     return in_pass ? LM_OK : lm_cuda_take_error(cu);
 }

@@ -112,11 +112,6 @@ typedef struct lm_cuda_backend {
 static inline bool lm_cuda_replaying(const lm_cuda_backend *cu) { return cu->pass_mode == LM_CUDA_PASS_REPLAY; }
 static inline bool lm_cuda_recorded_pass(const lm_cuda_backend *cu) { return cu->pass_mode != LM_CUDA_PASS_DIRECT; }
 
-/* LUMEN_CUDA_MV_MAX_N at 2^30 or more (documented as 1000000000): every product exact
- * f32 on the matrix-vector kernel and every attention on the scalar f32 kernel, so a
- * token's outputs never depend on how it was batched, prefill or decode. */
-static inline bool lm_cuda_exact(const lm_cuda_backend *cu) { return cu->mv_max_n >= (1LL << 30); }
-
 /* A weight matrix in device memory. `type` is the device format: the file's own
  * block layout for the formats the kernels decode, else F16/F32 converted at load. */
 struct lm_weight {
