@@ -134,7 +134,6 @@ extern "C" lm_status lm_cuda_pass_end(lm_backend *b) {
     lm_cuda_backend *cu = lm_cuda(b);
     lm_cuda_enter(cu);
     int mode = cu->pass_mode;
-
     cu->pass_mode = LM_CUDA_PASS_DIRECT;
     if (mode == LM_CUDA_PASS_CAPTURE) {
         cudaGraph_t graph = NULL;
