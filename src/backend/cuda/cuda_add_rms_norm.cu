@@ -1,9 +1,8 @@
 /* y += x, then out = rms_norm(y) * w: the residual add and the norm after it in one
  * launch. Bit-identical to add_kernel then rms_norm_kernel: the same __fadd_rn per
- * element, the same block sum of squares (lm_cuda_block_sum_sq, 256 threads) and
- * the same rounding of the scaling. Each thread adds exactly the elements it then
- * reads for the sum and for the scaling (j = threadIdx.x + k * 256), so no other
- * thread's writes are needed in between. */
+ * element, the same row normalization (lm_cuda_norm_row, 256 threads). Each thread
+ * adds exactly the elements it then reads for the sum and for the scaling
+ * (j = threadIdx.x + k * 256), so no other thread's writes are needed in between. */
 #include "backend/cuda/cuda_internal.cuh"
 
 enum { ADD_NORM_THREADS = 256, ADD_NORM_WARPS = ADD_NORM_THREADS / 32 };
@@ -16,12 +15,7 @@ __global__ void __launch_bounds__(ADD_NORM_THREADS)
     const float *xr = x + (int64_t)blockIdx.x * d;
     float *outr = out + (int64_t)blockIdx.x * d;
     for (int64_t j = threadIdx.x; j < d; j += ADD_NORM_THREADS) yr[j] = __fadd_rn(yr[j], xr[j]);
-    const double total = lm_cuda_block_sum_sq<ADD_NORM_THREADS>(yr, d, part);
-    const float inv = (float)(1.0 / sqrt(total / (double)d + (double)eps));
-    for (int64_t j = threadIdx.x; j < d; j += ADD_NORM_THREADS) {
-        float v = __fmul_rn(yr[j], inv);
-        outr[j] = w ? __fmul_rn(v, w[j]) : v;
-    }
+    lm_cuda_norm_row<ADD_NORM_THREADS>(yr, w, d, eps, outr, part);
 }
 
 extern "C" void lm_cuda_add_rms_norm(lm_backend *b, float *y, const float *x, const float *w, int64_t n, int64_t d,

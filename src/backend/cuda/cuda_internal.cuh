@@ -205,6 +205,21 @@ __device__ __forceinline__ double lm_cuda_block_sum_sq(const float *x, int64_t d
     return total;
 }
 
+/* yr = xr / sqrt(mean(xr^2) + eps) * w (w NULL: no weight) for one row of d, by a
+ * block of THREADS: the sum of squares in double, the scaling rounded as the CPU
+ * reference's (x * inv) * w. yr may be xr. Shared by rms_norm and add_rms_norm, which
+ * must agree to the bit. */
+template <int THREADS>
+__device__ __forceinline__ void lm_cuda_norm_row(const float *xr, const float *__restrict__ w, int64_t d, float eps,
+                                                 float *yr, double *part) {
+    const double total = lm_cuda_block_sum_sq<THREADS>(xr, d, part);
+    const float inv = (float)(1.0 / sqrt(total / (double)d + (double)eps));
+    for (int64_t j = threadIdx.x; j < d; j += THREADS) {
+        const float v = __fmul_rn(xr[j], inv);
+        yr[j] = w ? __fmul_rn(v, w[j]) : v;
+    }
+}
+
 /* The RoPE angle of rotated pair i at position pos, as the CPU reference computes it. */
 __device__ __forceinline__ double lm_cuda_rope_angle(int32_t pos, float freq_scale, float theta, int64_t i,
                                                      int64_t n_rot) {

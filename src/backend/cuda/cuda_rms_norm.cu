@@ -14,12 +14,7 @@ __global__ void __launch_bounds__(NORM_THREADS)
     __shared__ double part[NORM_WARPS];
     const float *xr = x + (int64_t)blockIdx.x * d;
     float *yr = y + (int64_t)blockIdx.x * d;
-    const double total = lm_cuda_block_sum_sq<NORM_THREADS>(xr, d, part);
-    const float inv = (float)(1.0 / sqrt(total / (double)d + (double)eps));
-    for (int64_t j = threadIdx.x; j < d; j += NORM_THREADS) {
-        float v = __fmul_rn(xr[j], inv);
-        yr[j] = w ? __fmul_rn(v, w[j]) : v;
-    }
+    lm_cuda_norm_row<NORM_THREADS>(xr, w, d, eps, yr, part);
 }
 
 extern "C" void lm_cuda_rms_norm(lm_backend *b, const float *x, const float *w, int64_t n, int64_t d, float eps,
