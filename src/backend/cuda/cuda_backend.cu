@@ -608,8 +608,8 @@ extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
     cu->tc_max_n = tc && tc[0] && atoll(tc) >= 0 ? atoll(tc) : 32;
     const char *prof = getenv("LUMEN_CUDA_PROFILE_N"); /* see lm_cuda_pass_begin */
     cu->profile_n = prof && atoll(prof) > 0 ? atoll(prof) : 0;
-    const char *chunk = getenv("LUMEN_CUDA_GEMM_CHUNK");
-    cu->gemm_chunk = chunk && atoll(chunk) >= 16 && atoll(chunk) <= 4096 ? atoll(chunk) / 16 * 16 : 256;
+    const char *chunk = getenv("LUMEN_CUDA_GEMM_CHUNK"); /* the smallest GEMM width (cuda_matmul.cu) */
+    cu->gemm_chunk = chunk && atoll(chunk) >= 16 && atoll(chunk) <= 4096 ? atoll(chunk) / 16 * 16 : 64;
     lm_status st = LM_OK;
     int pools = 0;
     if ((e = cudaSetDevice(device)) != cudaSuccess ||

@@ -80,7 +80,7 @@ typedef struct lm_cuda_backend {
     size_t scr_cap[LM_CUDA_SCR_COUNT];
     int64_t mv_max_n;  /* matmul: exact f32 matrix-vector kernel up to this many tokens */
     int64_t tc_max_n;  /* matmul: tensor-core kernel up to this many tokens     */
-    int64_t gemm_chunk; /* matmul: tokens per GEMM above both (padded)          */
+    int64_t gemm_chunk; /* matmul: smallest GEMM width above both (padded)      */
     /* attention metadata built on the host: [pos: n][table offset: n][tables] */
     int32_t *attn_host;
     size_t attn_host_cap;

@@ -19,7 +19,11 @@
  *    summation order (lane partials in k order, a fixed butterfly, then the row's
  *    warps in index order), whatever the group it is computed in.
  *    LUMEN_CUDA_MV_MAX_N=1000000000 sends every product here: every product exact
- *    f32, bit batch-invariant, slower.
+ *    f32, bit batch-invariant, slower. Requesting a warp's first weights before the
+ *    PDL wait (L2 bulk prefetch of its row, or its first four loads into registers;
+ *    the grid then one resident wave striding over the rows), so the stream would
+ *    start under the previous kernel, measured slower at batch 1: 571 -> 489-505
+ *    tokens/s (the early traffic delays the latency-bound kernel before); dropped.
  *
  *  - tensor cores (n <= tc_max_n, 32 unless LUMEN_CUDA_TC_MAX_N says otherwise; every
  *    format but F32, widths a multiple of 32): decode of 5-32 sequences.
@@ -32,14 +36,13 @@
  *  - GEMM (larger n: prefill, large batches): weight rows decoded to bf16 a tile
  *    at a time (F32 weights: cublasSgemm on the weights in place; BF16: used in
  *    place), activations rounded to bf16, cuBLAS with f32 accumulation. Tokens go
- *    through GEMMs of exactly gemm_chunk columns (the last one zero-padded) into a
- *    scratch buffer, so every token sees the same GEMM shape, the same algorithm and
- *    the same pointer alignments whatever the batch: batch-invariant within the path.
- *    The chunk is gemm_chunk (256, LUMEN_CUDA_GEMM_CHUNK) for batches up to that size
- *    and twice that above it (prompts): two GEMM paths, each batch-invariant. Measured
- *    on the H200 with a 1.5B model, chunks of 128 / 256 / 512 gave prefill of 512
- *    tokens 33k / 45k / 54k tokens/s, but a 64-token decode batch padded to 512 runs
- *    eight times the arithmetic it needs.
+ *    through GEMMs of exactly `chunk` columns (the last one zero-padded), so every
+ *    token sees the same GEMM shape and algorithm whatever the batch: batch-invariant
+ *    within a chunk size. The chunk is the first of 64, 128, 256, 512 that holds the
+ *    batch (gemm_chunk_of; LUMEN_CUDA_GEMM_CHUNK sets the smallest): four GEMM paths,
+ *    each batch-invariant, so a decode batch of 64 no longer pays for 256 columns.
+ *    Measured on the H200 with a 1.5B model, chunks of 128 / 256 / 512 gave prefill of
+ *    512 tokens 33k / 45k / 54k tokens/s.
  *
  * matmul_many (Q/K/V, gate/up: products of one input): on the tensor-core and
  * matrix-vector paths the weights of one format are one launch over their
@@ -207,9 +210,14 @@ static void dispatch_dequant_bf16(lm_cuda_backend *cu, const lm_weight *w, int64
     }
 }
 
-/* Columns per GEMM for a batch of n tokens (see the header: a function of n only). */
+/* Columns per GEMM for a batch of n tokens: the first of gemm_chunk, twice that, four
+ * times... that holds n, at most GEMM_CHUNK_MAX (or gemm_chunk, if larger). A
+ * function of n only (see the header). */
+enum { GEMM_CHUNK_MAX = 512 };
 static int64_t gemm_chunk_of(const lm_cuda_backend *cu, int64_t n) {
-    return n <= cu->gemm_chunk ? cu->gemm_chunk : 2 * cu->gemm_chunk;
+    int64_t c = cu->gemm_chunk;
+    while (c < n && c < GEMM_CHUNK_MAX) c *= 2;
+    return c;
 }
 
 static bool cublas_ok(lm_cuda_backend *cu, cublasStatus_t s, const char *what) {
@@ -241,22 +249,36 @@ static const void *gemm_prepare_x(lm_cuda_backend *cu, bool f32, const float *x,
     return xs;
 }
 
-/* y = W x on prepared activations xs (gemm_prepare_x with f32 = W is F32). */
+/* Rows per GEMM of a weight for chunks of `chunk` columns: a function of the weight's
+ * shape and the chunk only. Quantized weights are decoded to bf16 a tile at a time
+ * (at most 64 MiB and 16,384 rows of scratch); BF16 and F32 weights are used in
+ * place, so they take one GEMM over all rows unless a partial chunk's output (which
+ * goes through scratch) would exceed 192 MiB, as the output head's at 512 columns. */
+static int64_t gemm_row_tile(const lm_weight *w, int64_t chunk) {
+    const int64_t rows = w->rows, cols = w->cols;
+    if ((w->type == LM_DTYPE_BF16 || w->type == LM_DTYPE_F32) && chunk * rows * 4 <= (192LL << 20)) return rows;
+    int64_t rt = (64LL << 20) / (cols * 2) / 128 * 128;
+    if (rt < 128) rt = 128;
+    if (rt > 16384) rt = 16384;
+    return rt > rows ? rows : rt;
+}
+
+/* y = W x on prepared activations xs (gemm_prepare_x with f32 = W is F32). A GEMM of a
+ * whole chunk over all rows writes y in place (column-major [chunk][rows] is y's
+ * layout); a partial last chunk or a row tile goes through scratch and is copied out.
+ * Both have the same shape and leading dimensions, so the same algorithm. */
 static void gemm_run(lm_cuda_backend *cu, const lm_weight *w, const void *xs, int64_t n, float *y) {
     const int64_t rows = w->rows, cols = w->cols;
     const int64_t chunk = gemm_chunk_of(cu, n), n_pad = (n + chunk - 1) / chunk * chunk;
     const bool f32 = w->type == LM_DTYPE_F32, bf16 = w->type == LM_DTYPE_BF16;
-    /* row tile: at most 64 MiB of bf16 and 16384 rows (bounds the scratch); depends
-     * on the weight's shape only */
-    int64_t rt = (64LL << 20) / (cols * 2) / 128 * 128;
-    if (rt < 128) rt = 128;
-    if (rt > 16384) rt = 16384;
-    if (rt > rows) rt = rows;
+    const int64_t rt = gemm_row_tile(w, chunk);
+    const bool whole_rows = rt == rows;
 
-    float *ys = (float *)lm_cuda_scratch(cu, LM_CUDA_SCR_Y, (size_t)(chunk * rt) * 4);
+    float *ys = NULL;
+    if (!whole_rows || n % chunk != 0) ys = (float *)lm_cuda_scratch(cu, LM_CUDA_SCR_Y, (size_t)(chunk * rt) * 4);
     __nv_bfloat16 *wt = NULL;
     if (!f32 && !bf16) wt = (__nv_bfloat16 *)lm_cuda_scratch(cu, LM_CUDA_SCR_WTILE, (size_t)(rt * cols) * 2);
-    if (!ys || (!f32 && !bf16 && !wt)) return;
+    if (cu->err) return;
     const float one = 1.0f, zero = 0.0f;
     for (int64_t r0 = 0; r0 < rows; r0 += rt) {
         int64_t nr = rows - r0 < rt ? rows - r0 : rt;
@@ -271,18 +293,21 @@ static void gemm_run(lm_cuda_backend *cu, const lm_weight *w, const void *xs, in
             A = wt;
         }
         for (int64_t c0 = 0; c0 < n_pad; c0 += chunk) {
+            const int64_t nv = n - c0 < chunk ? n - c0 : chunk;
+            const bool in_place = whole_rows && nv == chunk;
+            float *C = in_place ? y + c0 * rows : ys;
             cublasStatus_t s;
             if (f32)
                 s = cublasSgemm(cu->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, (int)chunk, (int)cols, &one,
-                                (const float *)A, (int)cols, (const float *)xs + c0 * cols, (int)cols, &zero, ys,
+                                (const float *)A, (int)cols, (const float *)xs + c0 * cols, (int)cols, &zero, C,
                                 (int)nr);
             else
                 s = cublasGemmEx(cu->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, (int)chunk, (int)cols, &one, A,
                                  CUDA_R_16BF, (int)cols, (const __nv_bfloat16 *)xs + c0 * cols, CUDA_R_16BF,
-                                 (int)cols, &zero, ys, CUDA_R_32F, (int)nr, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+                                 (int)cols, &zero, C, CUDA_R_32F, (int)nr, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
             if (!cublas_ok(cu, s, f32 ? "cublasSgemm" : "cublasGemmEx")) return;
-            int64_t nv = n - c0 < chunk ? n - c0 : chunk;
-            /* ys is column-major [gemm_chunk][nr]: token t's nr values are contiguous */
+            if (in_place) continue;
+            /* ys is column-major [chunk][nr]: token t's nr values are contiguous */
             if (!lm_cuda_ok(cu,
                             cudaMemcpy2DAsync(y + c0 * rows + r0, (size_t)rows * 4, ys, (size_t)nr * 4,
                                               (size_t)nr * 4, (size_t)nv, cudaMemcpyDeviceToDevice, cu->stream),
