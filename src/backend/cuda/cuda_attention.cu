@@ -127,14 +127,21 @@ __device__ __forceinline__ void load_v_dims(const void *vrow, int lane, float *v
     }
 }
 
+/* out[i] = v, and its bf16 copy for the product after (outb, may be NULL) */
+__device__ __forceinline__ void store_out(float *out, __nv_bfloat16 *outb, int64_t i, float v) {
+    out[i] = v;
+    if (outb) outb[i] = __float2bfloat16_rn(v);
+}
+
 /* After each split of an item (token t, query heads h0..h0+nh) wrote its state
  * (max, sum, unnormalized output: hd + 2 floats per head and split in `part`): the
  * block that finishes last merges the splits in split order, a warp per head (WARPS
  * warps), a lane per split for the max and the sum (32 at a time), then the lanes'
  * output dimensions (DPL each) over the splits, loads of a round in flight together. */
 template <int DPL, int WARPS>
-__device__ void merge_if_last(const float *part, float *__restrict__ out, int *__restrict__ counts, int item, int t,
-                              int n_head, int h0, int nh, int hd, int n_split, int max_splits, int *last_sh) {
+__device__ void merge_if_last(const float *part, float *__restrict__ out, __nv_bfloat16 *__restrict__ outb,
+                              int *__restrict__ counts, int item, int t, int n_head, int h0, int nh, int hd,
+                              int n_split, int max_splits, int *last_sh) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const size_t stride = (size_t)hd + 2;
     __threadfence();
@@ -174,10 +181,10 @@ __device__ void merge_if_last(const float *part, float *__restrict__ out, int *_
                     if (lane * DPL + i < hd) o[i] = fmaf(__ldcg(a + i), cs, o[i]);
             }
         }
-        float *op = out + ((int64_t)t * n_head + h0 + hl) * hd;
+        const int64_t row = ((int64_t)t * n_head + h0 + hl) * hd;
 #pragma unroll
         for (int i = 0; i < DPL; i++)
-            if (lane * DPL + i < hd) op[lane * DPL + i] = o[i] / L;
+            if (lane * DPL + i < hd) store_out(out, outb, row + lane * DPL + i, o[i] / L);
     }
 }
 
@@ -186,7 +193,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
     attn_kernel(const int32_t *__restrict__ meta, int n, int n_head, int n_head_kv, int group, int chunks, int hd,
                 int64_t d_kv, int bs, const void *__restrict__ K, const void *__restrict__ V,
                 const float *__restrict__ q, int64_t window, float scale, int max_splits, float *__restrict__ out,
-                float *__restrict__ part, int *__restrict__ counts) {
+                __nv_bfloat16 *__restrict__ outb, float *__restrict__ part, int *__restrict__ counts) {
     using S = att_shape<F16, HD>;
     constexpr int TILE = S::tile, KST = S::k_stride, DPL = S::dpl, HPW = S::heads_per_warp;
     constexpr int ELEM = S::elem;
@@ -287,10 +294,10 @@ __global__ void __launch_bounds__(ATT_THREADS)
         for (int j = 0; j < HPW; j++) {
             const int hl = warp + j * ATT_WARPS;
             if (hl >= nh) break;
-            float *o = out + ((int64_t)t * n_head + h0 + hl) * hd;
+            const int64_t row = ((int64_t)t * n_head + h0 + hl) * hd;
 #pragma unroll
             for (int i = 0; i < DPL; i++)
-                if (lane * DPL + i < hd) o[lane * DPL + i] = acc[j][i] / l[j];
+                if (lane * DPL + i < hd) store_out(out, outb, row + lane * DPL + i, acc[j][i] / l[j]);
         }
         return;
     }
@@ -307,7 +314,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
         for (int i = 0; i < DPL; i++)
             if (lane * DPL + i < hd) pp[2 + lane * DPL + i] = acc[j][i];
     }
-    merge_if_last<DPL, ATT_WARPS>(part, out, counts, item, t, n_head, h0, nh, hd, n_split, max_splits, &last_sh);
+    merge_if_last<DPL, ATT_WARPS>(part, out, outb, counts, item, t, n_head, h0, nh, hd, n_split, max_splits, &last_sh);
 }
 
 int lm_cuda_attn_max_splits(const lm_attn_batch *batch, int64_t window) {
@@ -352,7 +359,9 @@ extern "C" lm_status lm_cuda_attention(lm_backend *b, const lm_kv_cache *kv, int
     const int32_t *meta = lm_cuda_attn_meta(cu, kv, batch);
     if (!meta) return in_pass ? LM_OK : lm_cuda_take_error(cu);
     if (lm_cuda_replaying(cu)) return LM_OK;
-    if (lm_cuda_attention_tc(cu, kv, layer, batch, meta, q, n_head, n_head_kv, head_dim, window, scale, out))
+    /* the output projection's input in bf16 where that takes a GEMM */
+    __nv_bfloat16 *outb = lm_cuda_gemm_input(cu, out, n * n_head * head_dim);
+    if (lm_cuda_attention_tc(cu, kv, layer, batch, meta, q, n_head, n_head_kv, head_dim, window, scale, out, outb))
         return in_pass ? LM_OK : lm_cuda_take_error(cu);
     float *part = NULL;
     int *counts = NULL;
@@ -368,7 +377,7 @@ extern "C" lm_status lm_cuda_attention(lm_backend *b, const lm_kv_cache *kv, int
     const dim3 grid((unsigned)items, (unsigned)max_splits);
 #define LM_ATTN(F, H)                                                                                                \
     lm_cuda_launch(cu, attn_kernel<F, H>, grid, ATT_THREADS, meta, (int)n, (int)n_head, (int)n_head_kv, group,      \
-                   chunks, (int)head_dim, d_kv, (int)kv->block_size, K, V, q, window, scale, max_splits, out, part, \
+                   chunks, (int)head_dim, d_kv, (int)kv->block_size, K, V, q, window, scale, max_splits, out, outb, part, \
                    counts)
     switch (head_dim) { /* the real models' head sizes unrolled; others at run time */
     case 64: f16 ? LM_ATTN(true, 64) : LM_ATTN(false, 64); break;

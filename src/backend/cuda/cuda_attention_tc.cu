@@ -83,7 +83,8 @@ template <int HD>
 __global__ void __launch_bounds__(32)
     attn_tc_kernel(const int32_t *__restrict__ meta, const int32_t *__restrict__ tiles, int n, int n_head, int group,
                    int64_t d_kv, const __half *__restrict__ K, const __half *__restrict__ V,
-                   const float *__restrict__ q, int64_t window, float scale, float *__restrict__ out) {
+                   const float *__restrict__ q, int64_t window, float scale, float *__restrict__ out,
+                   __nv_bfloat16 *__restrict__ outb) {
     lm_pdl_enter();
     const int lane = threadIdx.x, h = blockIdx.y, hk = h / group, g = lane >> 2, c2 = 2 * (lane & 3);
     const int t0 = tiles[2 * blockIdx.x], cnt = tiles[2 * blockIdx.x + 1];
@@ -199,11 +200,13 @@ __global__ void __launch_bounds__(32)
     for (int i = 0; i < 2; i++) {
         const int r = g + 8 * i;
         if (r >= cnt) continue;
-        float *orow = out + ((int64_t)(t0 + r) * n_head + h) * HD;
+        const int64_t row = ((int64_t)(t0 + r) * n_head + h) * HD;
 #pragma unroll
         for (int j = 0; j < HD / 8; j++) {
-            orow[j * 8 + c2] = o[j][2 * i] / l[i];
-            orow[j * 8 + c2 + 1] = o[j][2 * i + 1] / l[i];
+            const float a = o[j][2 * i] / l[i], b = o[j][2 * i + 1] / l[i];
+            out[row + j * 8 + c2] = a;
+            out[row + j * 8 + c2 + 1] = b;
+            if (outb) *(__nv_bfloat162 *)(outb + row + j * 8 + c2) = __floats2bfloat162_rn(a, b);
         }
     }
 }
@@ -236,7 +239,7 @@ static int64_t make_tiles(lm_cuda_backend *cu, const lm_attn_batch *batch) {
 
 bool lm_cuda_attention_tc(lm_cuda_backend *cu, const lm_kv_cache *kv, int64_t layer, const lm_attn_batch *batch,
                           const int32_t *meta, const float *q, int64_t n_head, int64_t n_head_kv, int64_t head_dim,
-                          int64_t window, float scale, float *out) {
+                          int64_t window, float scale, float *out, __nv_bfloat16 *outb) {
     const int64_t n = batch->n_tokens;
     if (lm_cuda_recorded_pass(cu) || n <= 4 || n <= cu->mv_max_n || kv->type != LM_DTYPE_F16 || kv->block_size != TC_ROWS ||
         (head_dim != 64 && head_dim != 128 && head_dim != 256) || n > INT32_MAX / 2)
@@ -255,15 +258,15 @@ bool lm_cuda_attention_tc(lm_cuda_backend *cu, const lm_kv_cache *kv, int64_t la
     switch (head_dim) {
     case 64:
         lm_cuda_launch(cu, attn_tc_kernel<64>, grid, 32, meta, tiles, (int)n, (int)n_head, group, d_kv, K, V, q, window,
-                       scale, out);
+                       scale, out, outb);
         break;
     case 128:
         lm_cuda_launch(cu, attn_tc_kernel<128>, grid, 32, meta, tiles, (int)n, (int)n_head, group, d_kv, K, V, q,
-                       window, scale, out);
+                       window, scale, out, outb);
         break;
     default:
         lm_cuda_launch(cu, attn_tc_kernel<256>, grid, 32, meta, tiles, (int)n, (int)n_head, group, d_kv, K, V, q,
-                       window, scale, out);
+                       window, scale, out, outb);
         break;
     }
     lm_cuda_launched(cu, "attn_tc_kernel");

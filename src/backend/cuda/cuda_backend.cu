@@ -42,6 +42,7 @@ void lm_cuda_enter(lm_cuda_backend *cu) {
     /* the current device is per host thread: the engine calls from its own thread */
     int cur = -1;
     if (cudaGetDevice(&cur) != cudaSuccess || cur != cu->device) lm_cuda_ok(cu, cudaSetDevice(cu->device), "cudaSetDevice");
+    cu->op_seq++;
 }
 
 /* ---- memory ------------------------------------------------------------------- */
@@ -516,10 +517,9 @@ static void cuda_destroy(lm_backend *b) {
     free(cu);
 }
 
-static lm_backend_ops k_cuda_ops;
-
-static void init_ops(void) {
-    lm_backend_ops *o = &k_cuda_ops;
+/* A backend's op table: its own, since LUMEN_CUDA_FUSED is read per backend (a
+ * table shared by every backend took the first one's setting). */
+static void init_ops(lm_backend_ops *o, bool fused) {
     o->name = "cuda";
     o->destroy = cuda_destroy;
     o->peak_memory = cuda_peak_memory;
@@ -545,11 +545,8 @@ static void init_ops(void) {
     o->swiglu = lm_cuda_swiglu;
     o->geglu = lm_cuda_geglu;
     o->kv_store = lm_cuda_kv_store;
-    /* LUMEN_CUDA_FUSED=0: the separate ops (the fused ops' A/B switch and their test) */
-    const char *fused = getenv("LUMEN_CUDA_FUSED");
-    bool no_fused = fused && strcmp(fused, "0") == 0;
-    o->add_rms_norm = no_fused ? NULL : lm_cuda_add_rms_norm;
-    o->qkv_finish = no_fused ? NULL : lm_cuda_qkv_finish;
+    o->add_rms_norm = fused ? lm_cuda_add_rms_norm : NULL;
+    o->qkv_finish = fused ? lm_cuda_qkv_finish : NULL;
     o->attention = lm_cuda_attention;
     o->pass_begin = lm_cuda_pass_begin;
     o->pass_end = lm_cuda_pass_end;
@@ -584,12 +581,12 @@ extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
                         device, prop.name, prop.major, prop.minor);
     lm_cuda_backend *cu = (lm_cuda_backend *)calloc(1, sizeof *cu);
     if (!cu) return lm_error(LM_ERR_NO_MEMORY, "out of memory");
-    static bool ops_ready = false; /* filled once; identical content on every call */
-    if (!ops_ready) {
-        init_ops();
-        ops_ready = true;
-    }
-    cu->base.ops = &k_cuda_ops;
+    /* LUMEN_CUDA_FUSED=0: the separate ops (the fused ops' A/B switch and their
+     * test), and no bf16 hand-off to the products (lm_cuda_gemm_input) */
+    const char *fused = getenv("LUMEN_CUDA_FUSED");
+    cu->fused = !(fused && strcmp(fused, "0") == 0);
+    init_ops(&cu->ops, cu->fused);
+    cu->base.ops = &cu->ops;
     cu->device = device;
     cu->n_sm = prop.multiProcessorCount;
     cu->total_mem = prop.totalGlobalMem;

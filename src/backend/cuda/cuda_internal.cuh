@@ -66,6 +66,7 @@ typedef struct lm_cuda_graph {
 
 typedef struct lm_cuda_backend {
     lm_backend base;
+    lm_backend_ops ops; /* base.ops points here */
     int device, n_sm;
     char name[256];
     size_t total_mem;
@@ -81,6 +82,13 @@ typedef struct lm_cuda_backend {
     int64_t mv_max_n;  /* matmul: exact f32 matrix-vector kernel up to this many tokens */
     int64_t tc_max_n;  /* matmul: tensor-core kernel up to this many tokens     */
     int64_t gemm_chunk; /* matmul: smallest GEMM width above both (padded)      */
+    bool fused;        /* fused ops on (LUMEN_CUDA_FUSED=0 turns them off)       */
+    uint64_t op_seq;   /* entry points entered so far (lm_cuda_enter)           */
+    /* the bf16 copy of its output the op before left in the XB scratch for a GEMM
+     * (lm_cuda_gemm_input): its source, element count and op_seq */
+    const float *gemm_in_src;
+    int64_t gemm_in_count;
+    uint64_t gemm_in_seq;
     /* attention metadata built on the host: [pos: n][table offset: n][tables] */
     int32_t *attn_host;
     size_t attn_host_cap;
@@ -169,8 +177,16 @@ static inline void lm_cuda_launch(lm_cuda_backend *cu, void (*kernel)(Params...)
 /* LM_OK, or the recorded error as lm_error() (the error is then cleared). */
 lm_status lm_cuda_take_error(lm_cuda_backend *cu);
 
-/* Makes the backend's device current for the calling thread. */
+/* Makes the backend's device current for the calling thread. Every entry point
+ * calls it once, first: it also counts them (op_seq). */
 void lm_cuda_enter(lm_cuda_backend *cu);
+
+/* For an op about to write `count` floats at x (rows of a GEMM product's input):
+ * where to also write them rounded to bf16, so that a GEMM-path product of x that
+ * is the very next op uses them instead of converting x itself (cuda_matmul.cu).
+ * NULL when the fused ops are off, on replay, or without scratch. Call after
+ * lm_cuda_enter. */
+__nv_bfloat16 *lm_cuda_gemm_input(lm_cuda_backend *cu, const float *x, int64_t count);
 
 /* Device scratch of at least `bytes` for `slot`; NULL (error recorded) when the GPU
  * has no memory left. Stream-ordered: earlier kernels using the old buffer finish
@@ -208,15 +224,17 @@ __device__ __forceinline__ double lm_cuda_block_sum_sq(const float *x, int64_t d
 /* yr = xr / sqrt(mean(xr^2) + eps) * w (w NULL: no weight) for one row of d, by a
  * block of THREADS: the sum of squares in double, the scaling rounded as the CPU
  * reference's (x * inv) * w. yr may be xr. Shared by rms_norm and add_rms_norm, which
- * must agree to the bit. */
+ * must agree to the bit. yb (may be NULL): the row again, rounded to bf16. */
 template <int THREADS>
 __device__ __forceinline__ void lm_cuda_norm_row(const float *xr, const float *__restrict__ w, int64_t d, float eps,
-                                                 float *yr, double *part) {
+                                                 float *yr, double *part, __nv_bfloat16 *yb) {
     const double total = lm_cuda_block_sum_sq<THREADS>(xr, d, part);
     const float inv = (float)(1.0 / sqrt(total / (double)d + (double)eps));
     for (int64_t j = threadIdx.x; j < d; j += THREADS) {
-        const float v = __fmul_rn(xr[j], inv);
-        yr[j] = w ? __fmul_rn(v, w[j]) : v;
+        float v = __fmul_rn(xr[j], inv);
+        if (w) v = __fmul_rn(v, w[j]);
+        yr[j] = v;
+        if (yb) yb[j] = __float2bfloat16_rn(v);
     }
 }
 
@@ -264,7 +282,8 @@ void lm_cuda_qkv_finish(lm_backend *b, lm_kv_cache *kv, int64_t layer, const lm_
  * recorded). */
 bool lm_cuda_attention_tc(lm_cuda_backend *cu, const lm_kv_cache *kv, int64_t layer, const lm_attn_batch *batch,
                           const int32_t *meta, const float *q, int64_t n_head, int64_t n_head_kv, int64_t head_dim,
-                          int64_t window, float scale, float *out);
+                          int64_t window, float scale, float *out,
+                          __nv_bfloat16 *outb);
 lm_status lm_cuda_pass_begin(lm_backend *b, uint64_t key, const struct lm_kv_cache *kv, const lm_attn_batch *batch);
 lm_status lm_cuda_pass_end(lm_backend *b);
 void lm_cuda_graphs_free(lm_cuda_backend *cu);

@@ -227,12 +227,35 @@ static bool cublas_ok(lm_cuda_backend *cu, cublasStatus_t s, const char *what) {
     return false;
 }
 
-/* The GEMM path's activations: x [n][cols] padded with zeros to a whole number of
- * chunks, as f32 (F32 weights) or rounded to bf16, in the XB scratch. NULL on failure
+/* The bf16 hand-off: an op whose output is the input of the next op's GEMM-path
+ * product (a norm, swiglu) writes it a second time rounded to bf16 into the XB
+ * scratch, the very bytes to_bf16_kernel would write, so the product skips that
+ * launch. The product takes them only when it is the next op (op_seq) on the same
+ * buffer and element count, and the scratch needs no growing (which would lose them);
+ * anything else converts as before. Cheap when unused: 2 bytes an element. */
+__nv_bfloat16 *lm_cuda_gemm_input(lm_cuda_backend *cu, const float *x, int64_t count) {
+    cu->gemm_in_src = NULL;
+    if (!cu->fused || lm_cuda_replaying(cu) || count <= 0 || count % 8 != 0) return NULL;
+    void *xb = lm_cuda_scratch(cu, LM_CUDA_SCR_XB, (size_t)count * 2);
+    if (!xb) return NULL;
+    cu->gemm_in_src = x;
+    cu->gemm_in_count = count;
+    cu->gemm_in_seq = cu->op_seq;
+    return (__nv_bfloat16 *)xb;
+}
+
+/* The GEMM path's activations: x [n][cols] padded to a whole number of chunks, as f32
+ * (F32 weights) or rounded to bf16, in the XB scratch (the padding's columns of the
+ * product are never read, so a handed-off bf16 copy needs none). NULL on failure
  * (error recorded). */
 static const void *gemm_prepare_x(lm_cuda_backend *cu, bool f32, const float *x, int64_t n, int64_t cols) {
     const int64_t chunk = gemm_chunk_of(cu, n), n_pad = (n + chunk - 1) / chunk * chunk;
-    void *xs = lm_cuda_scratch(cu, LM_CUDA_SCR_XB, (size_t)(n_pad * cols) * (f32 ? 4 : 2));
+    const size_t bytes = (size_t)(n_pad * cols) * (f32 ? 4 : 2);
+    if (!f32 && cu->gemm_in_src == x && cu->gemm_in_count == n * cols && cu->gemm_in_seq + 1 == cu->op_seq &&
+        cu->scr_cap[LM_CUDA_SCR_XB] >= bytes)
+        return cu->scr[LM_CUDA_SCR_XB];
+    cu->gemm_in_src = NULL; /* XB is rewritten below */
+    void *xs = lm_cuda_scratch(cu, LM_CUDA_SCR_XB, bytes);
     if (!xs) return NULL;
     if (f32) {
         if (!lm_cuda_ok(cu, cudaMemcpyAsync(xs, x, (size_t)(n * cols) * 4, cudaMemcpyDeviceToDevice, cu->stream),

@@ -7,11 +7,16 @@ __device__ __forceinline__ float swiglu1(float g, float u) {
 
 /* four elements a thread with 16-byte loads (a prompt's gate/up rows are 55 MB a
  * layer of a 1.5B model: scalar loads left the kernel at half the memory rate) */
-__global__ void swiglu4_kernel(const float4 *gate, const float4 *up, int64_t n4, float4 *out) {
+__global__ void swiglu4_kernel(const float4 *gate, const float4 *up, int64_t n4, float4 *out, uint2 *outb) {
     lm_pdl_enter();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += (int64_t)gridDim.x * blockDim.x) {
         const float4 g = gate[i], u = up[i];
-        out[i] = make_float4(swiglu1(g.x, u.x), swiglu1(g.y, u.y), swiglu1(g.z, u.z), swiglu1(g.w, u.w));
+        const float4 o = make_float4(swiglu1(g.x, u.x), swiglu1(g.y, u.y), swiglu1(g.z, u.z), swiglu1(g.w, u.w));
+        out[i] = o;
+        if (outb) {
+            const __nv_bfloat162 lo = __floats2bfloat162_rn(o.x, o.y), hi = __floats2bfloat162_rn(o.z, o.w);
+            outb[i] = make_uint2(*(const uint32_t *)&lo, *(const uint32_t *)&hi);
+        }
     }
 }
 
@@ -27,9 +32,9 @@ extern "C" void lm_cuda_swiglu(lm_backend *b, const float *gate, const float *up
     if (lm_cuda_replaying(cu)) return;
     if (n <= 0) return;
     const bool vec = n % 4 == 0 && (((uintptr_t)gate | (uintptr_t)up | (uintptr_t)out) & 15) == 0;
-    if (vec)
+    if (vec) /* with the down projection's input in bf16 where that takes a GEMM */
         lm_cuda_launch(cu, swiglu4_kernel, lm_cuda_blocks(n / 4, 256), 256, (const float4 *)gate, (const float4 *)up,
-                       n / 4, (float4 *)out);
+                       n / 4, (float4 *)out, (uint2 *)lm_cuda_gemm_input(cu, out, n));
     else
         lm_cuda_launch(cu, swiglu_kernel, lm_cuda_blocks(n, 256), 256, gate, up, n, out);
     lm_cuda_launched(cu, "swiglu_kernel");
