@@ -504,9 +504,18 @@ static void cuda_destroy(lm_backend *b) {
         if (m->copied) cudaEventDestroy(m->copied);
     }
     if (cu->stream) cudaStreamSynchronize(cu->stream);
-    if (getenv("LUMEN_CUDA_GRAPHS_LOG"))
+    if (cu->graphs_log) {
         fprintf(stderr, "CUDA graphs: %llu passes recorded, %llu replayed\n", (unsigned long long)cu->n_captured,
                 (unsigned long long)cu->n_replayed);
+        lm_cuda_replay_time_collect(cu);
+        for (int i = 0; i < 8; i++)
+            if (cu->replay_time[i].count)
+                fprintf(stderr, "CUDA graphs: %lld replays of %lld-token passes, %.3f ms of GPU time each\n",
+                        (long long)cu->replay_time[i].count, (long long)cu->replay_time[i].n,
+                        cu->replay_time[i].ms / (double)cu->replay_time[i].count);
+        for (int i = 0; i < 2; i++)
+            if (cu->replay_ev[i]) cudaEventDestroy(cu->replay_ev[i]);
+    }
     lm_cuda_graphs_free(cu);
     if (cu->cublas) cublasDestroy(cu->cublas);
     if (cu->cublas_ws) cudaFree(cu->cublas_ws);
@@ -593,6 +602,7 @@ extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
     snprintf(cu->name, sizeof cu->name, "%s", prop.name);
     const char *graphs = getenv("LUMEN_CUDA_GRAPHS"); /* 0: every op launched as called */
     cu->graphs_on = !(graphs && strcmp(graphs, "0") == 0);
+    cu->graphs_log = getenv("LUMEN_CUDA_GRAPHS_LOG") != NULL;
     const char *pdl = getenv("LUMEN_CUDA_PDL"); /* 0: every kernel waits for the previous */
     cu->pdl = prop.major >= 9 && !(pdl && strcmp(pdl, "0") == 0);
     /* long passes are bound by their kernels rather than by launches, and a recorded
@@ -621,6 +631,8 @@ extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
         for (int i = 0; i < LM_CUDA_META_COUNT && st == LM_OK; i++)
             if ((e = cudaEventCreateWithFlags(&cu->meta[i].copied, cudaEventDisableTiming)) != cudaSuccess)
                 st = lm_error(LM_ERR_INTERNAL, "cudaEventCreate: %s", cudaGetErrorString(e));
+        for (int i = 0; i < 2 && cu->graphs_log; i++) /* without them, replays are not timed */
+            if (cudaEventCreate(&cu->replay_ev[i]) != cudaSuccess) cu->replay_ev[0] = NULL;
     }
     if (st == LM_OK && cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device) == cudaSuccess &&
         pools) {

@@ -93,6 +93,8 @@ extern "C" lm_status lm_cuda_pass_begin(lm_backend *b, uint64_t key, const lm_kv
     key = mix(mix(key, (uint64_t)cu->pass_meta_ints), (uint64_t)cu->pass_splits);
     /* the staging buffers are rewritten below: the last pass must have read them */
     if (!lm_cuda_ok(cu, cudaStreamSynchronize(cu->stream), "pass_begin (synchronize)")) return lm_cuda_take_error(cu);
+    lm_cuda_replay_time_collect(cu);
+    cu->pass_n = batch->n_tokens;
     cu->pass_key = key;
     cu->pass_meta_sent = 0;
     for (int i = 0; i < LM_CUDA_META_COUNT; i++) cu->meta[i].valid = false;
@@ -122,9 +124,29 @@ static lm_cuda_graph *graph_slot(lm_cuda_backend *cu) {
     return best;
 }
 
-static void launch(lm_cuda_backend *cu, lm_cuda_graph *g) {
+/* Adds the finished timed replay's GPU time to its token count's tally. */
+void lm_cuda_replay_time_collect(lm_cuda_backend *cu) {
+    float ms = 0.0f;
+    if (!cu->timed_n || cudaEventElapsedTime(&ms, cu->replay_ev[0], cu->replay_ev[1]) != cudaSuccess) {
+        cu->timed_n = 0;
+        return;
+    }
+    for (int i = 0; i < 8; i++) {
+        if (cu->replay_time[i].n != cu->timed_n && cu->replay_time[i].count) continue;
+        cu->replay_time[i].n = cu->timed_n;
+        cu->replay_time[i].count++;
+        cu->replay_time[i].ms += ms;
+        break;
+    }
+    cu->timed_n = 0;
+}
+
+static void launch(lm_cuda_backend *cu, lm_cuda_graph *g, bool timed) {
     g->last_use = ++cu->use_clock;
+    timed = timed && cu->graphs_log && cu->replay_ev[0] &&
+            cudaEventRecord(cu->replay_ev[0], cu->stream) == cudaSuccess;
     if (!lm_cuda_ok(cu, cudaGraphLaunch(g->exec, cu->stream), "cudaGraphLaunch")) return;
+    if (timed && cudaEventRecord(cu->replay_ev[1], cu->stream) == cudaSuccess) cu->timed_n = cu->pass_n;
     /* the graph's metadata copies read the staging buffers: a direct upload after
      * this pass waits for them through these events */
     for (int i = 0; i < LM_CUDA_META_COUNT; i++) lm_cuda_ok(cu, cudaEventRecord(cu->meta[i].copied, cu->stream), "cudaEventRecord");
@@ -144,7 +166,7 @@ extern "C" lm_status lm_cuda_pass_end(lm_backend *b) {
                 g->key = cu->pass_key;
                 g->mem_gen = cu->mem_gen;
                 cu->n_captured++;
-                launch(cu, g);
+                launch(cu, g, false);
             }
         }
         if (graph) cudaGraphDestroy(graph);
@@ -161,7 +183,7 @@ extern "C" lm_status lm_cuda_pass_end(lm_backend *b) {
             lm_cuda_fail(cu, LM_ERR_INTERNAL, "pass_end: the recording of this pass was dropped during it");
         else {
             cu->n_replayed++;
-            launch(cu, g);
+            launch(cu, g, true);
         }
     }
     if (cu->profiling) {

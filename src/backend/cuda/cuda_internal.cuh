@@ -113,6 +113,13 @@ typedef struct lm_cuda_backend {
     int seen_runs[LM_CUDA_SEEN]; /* how many times each                      */
     int seen_next;
     uint64_t n_captured, n_replayed; /* printed at exit with LUMEN_CUDA_GRAPHS_LOG=1 */
+    /* LUMEN_CUDA_GRAPHS_LOG=1 also times each replay on the GPU (events around the
+     * graph launch, read at the next pass_begin): with a step's wall time, it says
+     * how much of the step the GPU works and how much it waits for the host */
+    bool graphs_log;
+    cudaEvent_t replay_ev[2];
+    int64_t pass_n, timed_n; /* tokens of the current pass, of the replay being timed (0: none) */
+    struct { int64_t n, count; double ms; } replay_time[8];
     int64_t profile_n; /* LUMEN_CUDA_PROFILE_N: passes of this many tokens are profiled */
     bool profiling;    /* between cudaProfilerStart and cudaProfilerStop           */
 } lm_cuda_backend;
@@ -176,6 +183,10 @@ static inline void lm_cuda_launch(lm_cuda_backend *cu, void (*kernel)(Params...)
 
 /* LM_OK, or the recorded error as lm_error() (the error is then cleared). */
 lm_status lm_cuda_take_error(lm_cuda_backend *cu);
+
+/* LUMEN_CUDA_GRAPHS_LOG: adds the last timed replay's GPU time to its tally
+ * (cuda_graph.cu; the stream must have passed the replay). */
+void lm_cuda_replay_time_collect(lm_cuda_backend *cu);
 
 /* Makes the backend's device current for the calling thread. Every entry point
  * calls it once, first: it also counts them (op_seq). */

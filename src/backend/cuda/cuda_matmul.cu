@@ -24,6 +24,10 @@
  *    the grid then one resident wave striding over the rows), so the stream would
  *    start under the previous kernel, measured slower at batch 1: 571 -> 489-505
  *    tokens/s (the early traffic delays the latency-bound kernel before); dropped.
+ *    A Q4_K kernel giving a lane 32 elements from one 16-byte load of quants (instead
+ *    of deq8's five loads for 8) measured the same on a Q4_K_M 1.5B model at batch
+ *    1, alternating in one call: 443-444 vs 442-447 tokens/s; dropped (a Q6_K one
+ *    of 2-byte loads was slower).
  *
  *  - tensor cores (n <= tc_max_n, 32 unless LUMEN_CUDA_TC_MAX_N says otherwise; every
  *    format but F32, widths a multiple of 32): decode of 5-32 sequences.
