@@ -79,6 +79,13 @@ typedef struct lm_backend_ops {
     lm_status (*matmul_many)(lm_backend *b, const lm_weight *const *w, int n_w, const float *x, int64_t n,
                              float *const *y);
 
+    /* Optional fused form (NULL: matmul_many, then swiglu) of the feed-forward's first
+     * half: gate = W_gate x and up = W_up x (same shapes), then gate[i] =
+     * silu(gate[i]) * up[i]; x [n][cols], gate and up [n][rows]. up is working memory
+     * (unspecified after the call). gate bit-identical to the separate ops. */
+    lm_status (*matmul_swiglu)(lm_backend *b, const lm_weight *w_gate, const lm_weight *w_up, const float *x,
+                               int64_t n, float *gate, float *up);
+
     /* y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w; x, y [n][d] (may alias), w [d]. */
     void (*rms_norm)(lm_backend *b, const float *x, const float *w, int64_t n, int64_t d, float eps, float *y);
 

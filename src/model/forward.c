@@ -235,15 +235,17 @@ static lm_status forward_body(const lm_model_internal *m, lm_kv_cache *kv, const
         residual_then_norm(b, s.x, s.tmp, w->ffn_norm, n, d, hp->rms_eps, s.xn);
 
         /* feed-forward block */
-        {
+        if (!hp->ffn_gelu && op->matmul_swiglu) {
+            TRY(op->matmul_swiglu(b, w->w_gate, w->w_up, s.xn, n, s.gate, s.up));
+        } else {
             const lm_weight *gate_up[2] = {w->w_gate, w->w_up};
             float *out[2] = {s.gate, s.up};
             TRY(matmul_many(b, gate_up, 2, s.xn, n, out));
+            if (hp->ffn_gelu)
+                op->geglu(b, s.gate, s.up, n * hp->n_ff, s.gate);
+            else
+                op->swiglu(b, s.gate, s.up, n * hp->n_ff, s.gate);
         }
-        if (hp->ffn_gelu)
-            op->geglu(b, s.gate, s.up, n * hp->n_ff, s.gate);
-        else
-            op->swiglu(b, s.gate, s.up, n * hp->n_ff, s.gate);
         TRY(op->matmul(b, w->w_down, s.gate, n, s.tmp));
         if (w->post_ffn_norm) op->rms_norm(b, s.tmp, w->post_ffn_norm, n, d, hp->rms_eps, s.tmp);
         if (il + 1 < hp->n_layer)

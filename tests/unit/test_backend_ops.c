@@ -317,6 +317,52 @@ static void test_matmul_many(lm_dtype type) {
     }
 }
 
+/* matmul_swiglu (gate and up products, then swiglu; one launch on the matrix-vector
+ * path) against matmul_many then swiglu: bit-equal on every path, for rows short
+ * enough to pair in a block (1 and 2 warps a row) and long ones (the separate ops). */
+static void test_matmul_swiglu(lm_dtype type, int64_t cols) {
+    static const int64_t ns[] = {1, 3, 24, 100};
+    const int64_t rows = 72, n_max = 100;
+    if (!g_gpu->ops->matmul_swiglu || !g_gpu->ops->matmul_many) return;
+    test_weight w[2];
+    lm_weight *gw[2] = {NULL, NULL};
+    for (int k = 0; k < 2; k++) {
+        make_weight(&w[k], type, rows, cols);
+        CHECK(g_gpu->ops->weight_create(g_gpu, &w[k].t, &gw[k]) == LM_OK);
+    }
+    float *x = fmalloc(n_max * cols);
+    fill(x, n_max * cols, 1.0f);
+    for (size_t i = 0; i < sizeof ns / sizeof ns[0] && gw[0] && gw[1]; i++) {
+        const int64_t n = ns[i];
+        float *dx = gpu_upload(x, sizeof(float) * (size_t)(n * cols)), *dy[2], *dz[2];
+        for (int k = 0; k < 2; k++) {
+            dy[k] = g_gpu->ops->alloc(g_gpu, sizeof(float) * (size_t)(n * rows));
+            dz[k] = g_gpu->ops->alloc(g_gpu, sizeof(float) * (size_t)(n * rows));
+        }
+        lm_status st = g_gpu->ops->matmul_swiglu(g_gpu, gw[0], gw[1], dx, n, dy[0], dy[1]);
+        if (st) fprintf(stderr, "matmul_swiglu: %s\n", lm_last_error());
+        CHECK(st == LM_OK);
+        CHECK(g_gpu->ops->matmul_many(g_gpu, (const lm_weight *const *)gw, 2, dx, n, dz) == LM_OK);
+        g_gpu->ops->swiglu(g_gpu, dz[0], dz[1], n * rows, dz[0]);
+        float *fused = fmalloc(n * rows), *sep = fmalloc(n * rows);
+        gpu_download(fused, dy[0], sizeof(float) * (size_t)(n * rows));
+        gpu_download(sep, dz[0], sizeof(float) * (size_t)(n * rows));
+        const bool same = bit_equal(fused, sep, n * rows);
+        char what[64];
+        snprintf(what, sizeof what, "%s 2x%lldx%lld n=%lld (%s)", lm_dtype_name(type), (long long)rows,
+                 (long long)cols, (long long)n, path_name(matmul_path(type, cols, n)));
+        printf("  %-10s %-40s %s\n", "swiglu", what, same ? "== products, then swiglu (bit-equal)" : "DIFFER");
+        CHECK(same);
+        free(fused), free(sep), gpu_free(dx);
+        for (int k = 0; k < 2; k++) gpu_free(dy[k]), gpu_free(dz[k]);
+    }
+    free(x);
+    for (int k = 0; k < 2; k++) {
+        if (gw[k]) g_gpu->ops->weight_free(g_gpu, gw[k]);
+        free_weight(&w[k]);
+    }
+}
+
 static void test_matmul(void) {
     static const lm_dtype types[] = {LM_DTYPE_F32,  LM_DTYPE_F16,  LM_DTYPE_BF16, LM_DTYPE_Q4_0, LM_DTYPE_Q4_1,
                                      LM_DTYPE_Q5_0, LM_DTYPE_Q5_1, LM_DTYPE_Q8_0, LM_DTYPE_Q2_K, LM_DTYPE_Q3_K,
@@ -328,6 +374,9 @@ static void test_matmul(void) {
     static const int64_t ns[] = {1, 3, 16, 130, 40, 300, 32, 64, 100, 128, 200, 256};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         test_matmul_type(types[i], 200, 512, ns, (int)(sizeof ns / sizeof ns[0]));
+    test_matmul_swiglu(LM_DTYPE_BF16, 512);  /* a warp a row */
+    test_matmul_swiglu(LM_DTYPE_Q4_K, 4096); /* two warps a row */
+    test_matmul_swiglu(LM_DTYPE_Q8_0, 8960); /* four: the separate ops */
     if (getenv("LUMEN_TEST_OPS_QUICK")) return; /* under compute-sanitizer */
     /* long rows (several warps per row), and more rows than one GEMM tile */
     static const int64_t ns2[] = {1, 24, 100, 300};

@@ -377,8 +377,8 @@ extern "C" lm_status lm_cuda_attention(lm_backend *b, const lm_kv_cache *kv, int
     const dim3 grid((unsigned)items, (unsigned)max_splits);
 #define LM_ATTN(F, H)                                                                                                \
     lm_cuda_launch(cu, attn_kernel<F, H>, grid, ATT_THREADS, meta, (int)n, (int)n_head, (int)n_head_kv, group,      \
-                   chunks, (int)head_dim, d_kv, (int)kv->block_size, K, V, q, window, scale, max_splits, out, outb, part, \
-                   counts)
+                   chunks, (int)head_dim, d_kv, (int)kv->block_size, K, V, q, window, scale, max_splits, out, outb,     \
+                   part, counts)
     switch (head_dim) { /* the real models' head sizes unrolled; others at run time */
     case 64: f16 ? LM_ATTN(true, 64) : LM_ATTN(false, 64); break;
     case 128: f16 ? LM_ATTN(true, 128) : LM_ATTN(false, 128); break;

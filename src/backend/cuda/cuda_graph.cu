@@ -86,7 +86,11 @@ extern "C" lm_status lm_cuda_pass_begin(lm_backend *b, uint64_t key, const lm_kv
      * without its prefill (bench/cuda_profile_run.sh) */
     if (cu->profile_n && batch && batch->n_tokens == cu->profile_n && !cu->profiling)
         cu->profiling = cudaProfilerStart() == cudaSuccess;
-    if (key == 0 || !cu->graphs_on || !kv || !batch || batch->n_tokens > cu->record_max_n) return LM_OK;
+    /* a pass that began (pass_end follows): metadata is built once in it */
+    if (key == 0 || !cu->graphs_on || !kv || !batch || batch->n_tokens > cu->record_max_n) {
+        cu->pass_epoch = ++cu->pass_count;
+        return LM_OK;
+    }
     cu->pass_meta_ints = next_pow2(lm_cuda_attn_meta_ints(cu, kv, batch), 1024);
     cu->pass_splits = (int)next_pow2(lm_cuda_attn_max_splits(batch, 0), 1);
     if (cu->err) return lm_cuda_take_error(cu);
@@ -109,6 +113,7 @@ extern "C" lm_status lm_cuda_pass_begin(lm_backend *b, uint64_t key, const lm_kv
     } else {
         cu->pass_mode = LM_CUDA_PASS_WARM;
     }
+    cu->pass_epoch = ++cu->pass_count;
     return LM_OK;
 }
 
@@ -157,6 +162,7 @@ extern "C" lm_status lm_cuda_pass_end(lm_backend *b) {
     lm_cuda_enter(cu);
     int mode = cu->pass_mode;
     cu->pass_mode = LM_CUDA_PASS_DIRECT;
+    cu->pass_epoch = 0;
     if (mode == LM_CUDA_PASS_CAPTURE) {
         cudaGraph_t graph = NULL;
         cudaError_t e = cudaStreamEndCapture(cu->stream, &graph);

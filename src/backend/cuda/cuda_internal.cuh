@@ -107,6 +107,15 @@ typedef struct lm_cuda_backend {
     int pass_splits;   /* attention grid splits of the pass, rounded up        */
     uint32_t pass_meta_sent; /* bit per meta kind: uploaded in this pass       */
     uint64_t mem_gen;  /* bumped whenever a scratch or metadata buffer moves   */
+    /* between pass_begin and pass_end: the pass's number (0 outside a pass); the
+     * attention metadata built in it, for the pass's later layers */
+    uint64_t pass_epoch, pass_count;
+    struct {
+        uint64_t epoch;
+        const void *kv, *batch;
+        int64_t n;
+        const int32_t *dev;
+    } meta_cache;
     uint64_t use_clock;
     lm_cuda_graph graphs[LM_CUDA_GRAPHS];
     uint64_t seen[LM_CUDA_SEEN]; /* keys run directly (WARM), ring           */
@@ -249,6 +258,12 @@ __device__ __forceinline__ void lm_cuda_norm_row(const float *xr, const float *_
     }
 }
 
+/* silu(g) * u, rounded as the CPU reference's g / (1 + exp(-g)) * u: shared by swiglu
+ * and the fused gate/up product (cuda_matmul.cu), which must agree to the bit. */
+__device__ __forceinline__ float lm_swiglu1(float g, float u) {
+    return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+}
+
 /* The RoPE angle of rotated pair i at position pos, as the CPU reference computes it. */
 __device__ __forceinline__ double lm_cuda_rope_angle(int32_t pos, float freq_scale, float theta, int64_t i,
                                                      int64_t n_rot) {
@@ -283,6 +298,8 @@ void lm_cuda_scale(lm_backend *b, float *y, float s, int64_t n);
 void lm_cuda_rope(lm_backend *b, float *x, int64_t n, int64_t n_head, int64_t head_dim, int64_t n_rot,
                   const int32_t *pos, float theta, float freq_scale, lm_rope_mode mode);
 void lm_cuda_swiglu(lm_backend *b, const float *gate, const float *up, int64_t n, float *out);
+lm_status lm_cuda_matmul_swiglu(lm_backend *b, const lm_weight *w_gate, const lm_weight *w_up, const float *x,
+                                int64_t n, float *gate, float *up);
 void lm_cuda_geglu(lm_backend *b, const float *gate, const float *up, int64_t n, float *out);
 void lm_cuda_kv_store(lm_backend *b, struct lm_kv_cache *kv, int64_t layer, const lm_attn_batch *batch,
                       const float *k, const float *v);

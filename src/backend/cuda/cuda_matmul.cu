@@ -62,7 +62,22 @@
 
 enum { MV_THREADS = 128, MV_MAX_NT = 8 };
 
-template <int T, int NT>
+/* Which weight of the set row `row` is in, and its row there. SWIGLU: the set is
+ * (gate, up) interleaved, gate row r at 2r and up row r at 2r + 1. */
+template <bool SWIGLU>
+__device__ __forceinline__ int mv_row_of(const mv_set &set, int row, int *lr) {
+    if (SWIGLU) {
+        *lr = row >> 1;
+        return row & 1;
+    }
+    const int k = mv_which(set, row);
+    *lr = row - (k ? set.end[k - 1] : 0);
+    return k;
+}
+
+/* SWIGLU: the set is (gate, up) with rpb even, and y[0] gets silu(gate) * up, each
+ * row summed exactly as without it (the per-row code does not change). */
+template <int T, int NT, bool SWIGLU>
 __global__ void __launch_bounds__(MV_THREADS)
     mv_kernel(const __grid_constant__ mv_set set, int n_chunks, int cols, const float *__restrict__ x, int n,
               int t_base, int wpr) {
@@ -76,8 +91,8 @@ __global__ void __launch_bounds__(MV_THREADS)
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = 0.0f;
     if (row < rows_all) {
-        const int k = mv_which(set, row);
-        const int lr = row - (k ? set.end[k - 1] : 0);
+        int lr;
+        const int k = mv_row_of<SWIGLU>(set, row, &lr);
         const uint8_t *wr = set.W[k] + (size_t)lr * set.row_bytes[k];
         /* unrolled so several chunks' loads are in flight at once (one at a time
          * left a 1536-column row latency-bound); the sums keep their order */
@@ -113,13 +128,25 @@ __global__ void __launch_bounds__(MV_THREADS)
         if (lane == 0) red[warp][t] = v;
     }
     __syncthreads();
+    if (SWIGLU) { /* a (gate, up) pair of rows per thread and token */
+        if ((int)threadIdx.x < rpb / 2 * NT) {
+            const int pl = threadIdx.x / NT, t = threadIdx.x % NT, r = blockIdx.x * rpb + 2 * pl;
+            if (r < rows_all && t0 + t < n) {
+                float g = red[2 * pl * wpr][t], u = red[(2 * pl + 1) * wpr][t];
+                for (int p = 1; p < wpr; p++) g += red[2 * pl * wpr + p][t];
+                for (int p = 1; p < wpr; p++) u += red[(2 * pl + 1) * wpr + p][t];
+                set.y[0][(size_t)(t_base + t0 + t) * set.rows[0] + (r >> 1)] = lm_swiglu1(g, u);
+            }
+        }
+        return;
+    }
     if ((int)threadIdx.x < rpb * NT) {
         int rl = threadIdx.x / NT, t = threadIdx.x % NT, r = blockIdx.x * rpb + rl;
         if (r < rows_all && t0 + t < n) {
             float s = red[rl * wpr][t];
             for (int p = 1; p < wpr; p++) s += red[rl * wpr + p][t];
-            const int k = mv_which(set, r);
-            const int lr = r - (k ? set.end[k - 1] : 0);
+            int lr;
+            const int k = mv_row_of<false>(set, r, &lr);
             set.y[k][(size_t)(t_base + t0 + t) * set.rows[k] + lr] = s;
         }
     }
@@ -130,8 +157,9 @@ __global__ void __launch_bounds__(MV_THREADS)
 static int mv_warps_per_row(int64_t n_chunks) { return n_chunks >= 1024 ? 4 : n_chunks >= 512 ? 2 : 1; }
 
 /* The weights w[0..n_w) (one format, one column count; n_w <= MV_MAX_SET) times x in
- * one launch per group of tokens. */
-template <int T>
+ * one launch per group of tokens. SWIGLU: w = (gate, up) of one shape and rows
+ * short enough for two to a block; y[0] = silu(gate x) * (up x). */
+template <int T, bool SWIGLU = false>
 static void launch_mv(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, const float *x, int64_t n,
                       float *const *y) {
     const mv_set set = mv_set_of(w, n_w, y);
@@ -148,10 +176,10 @@ static void launch_mv(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, c
         int cols = (int)w[0]->cols, tb = (int)t0;
         const float *xs = x + t0 * cols;
         switch (nt) {
-        case 1: lm_cuda_launch(cu, mv_kernel<T, 1>, grid, block, set, n_chunks, cols, xs, nn, tb, wpr); break;
-        case 2: lm_cuda_launch(cu, mv_kernel<T, 2>, grid, block, set, n_chunks, cols, xs, nn, tb, wpr); break;
-        case 4: lm_cuda_launch(cu, mv_kernel<T, 4>, grid, block, set, n_chunks, cols, xs, nn, tb, wpr); break;
-        default: lm_cuda_launch(cu, mv_kernel<T, 8>, grid, block, set, n_chunks, cols, xs, nn, tb, wpr); break;
+        case 1: lm_cuda_launch(cu, mv_kernel<T, 1, SWIGLU>, grid, block, set, n_chunks, cols, xs, nn, tb, wpr); break;
+        case 2: lm_cuda_launch(cu, mv_kernel<T, 2, SWIGLU>, grid, block, set, n_chunks, cols, xs, nn, tb, wpr); break;
+        case 4: lm_cuda_launch(cu, mv_kernel<T, 4, SWIGLU>, grid, block, set, n_chunks, cols, xs, nn, tb, wpr); break;
+        default: lm_cuda_launch(cu, mv_kernel<T, 8, SWIGLU>, grid, block, set, n_chunks, cols, xs, nn, tb, wpr); break;
         }
         if (!lm_cuda_launched(cu, "mv_kernel")) return;
     }
@@ -426,6 +454,37 @@ extern "C" lm_status lm_cuda_matmul_many(lm_backend *b, const lm_weight *const *
             break;
         }
         i = j;
+    }
+    return lm_cuda_recorded_pass(cu) ? LM_OK : lm_cuda_take_error(cu);
+}
+
+/* The gate and up products and swiglu (backend.h, matmul_swiglu). On the
+ * matrix-vector path one launch computes each (gate, up) row pair and writes silu(g)
+ * * u, the swiglu launch of a decode step gone; elsewhere (and for rows so long that
+ * four warps take one) the separate ops. */
+extern "C" lm_status lm_cuda_matmul_swiglu(lm_backend *b, const lm_weight *w_gate, const lm_weight *w_up,
+                                           const float *x, int64_t n, float *gate, float *up) {
+    lm_cuda_backend *cu = lm_cuda(b);
+    const lm_weight *w[2] = {w_gate, w_up};
+    float *y[2] = {gate, up};
+    const bool one_launch = path_of(cu, w_gate, n) == PATH_MV && w_up->type == w_gate->type &&
+                            w_up->rows == w_gate->rows && w_up->cols == w_gate->cols &&
+                            mv_warps_per_row(w_gate->cols / 8) <= 2;
+    if (!one_launch) {
+        lm_status st = lm_cuda_matmul_many(b, w, 2, x, n, y);
+        if (st) return st;
+        lm_cuda_swiglu(b, gate, up, n * w_gate->rows, gate);
+        return lm_cuda_recorded_pass(cu) ? LM_OK : lm_cuda_take_error(cu);
+    }
+    lm_status st = matmul_begin(cu, x);
+    if (st || n <= 0 || lm_cuda_replaying(cu)) return st;
+    switch (w_gate->type) {
+#define LM_X(t) \
+    case t: launch_mv<t, true>(cu, w, 2, x, n, y); break;
+        LM_CUDA_FOR_EACH_TYPE(LM_X)
+#undef LM_X
+    default:
+        return lm_error(LM_ERR_INTERNAL, "matmul: weight type %s has no CUDA kernel", lm_dtype_name(w_gate->type));
     }
     return lm_cuda_recorded_pass(cu) ? LM_OK : lm_cuda_take_error(cu);
 }

@@ -1,9 +1,5 @@
-/* out[i] = silu(gate[i]) * up[i], rounded as the CPU reference's g / (1 + exp(-g)) * up */
+/* out[i] = silu(gate[i]) * up[i] (lm_swiglu1) */
 #include "backend/cuda/cuda_internal.cuh"
-
-__device__ __forceinline__ float swiglu1(float g, float u) {
-    return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
-}
 
 /* four elements a thread with 16-byte loads (a prompt's gate/up rows are 55 MB a
  * layer of a 1.5B model: scalar loads left the kernel at half the memory rate) */
@@ -11,7 +7,8 @@ __global__ void swiglu4_kernel(const float4 *gate, const float4 *up, int64_t n4,
     lm_pdl_enter();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += (int64_t)gridDim.x * blockDim.x) {
         const float4 g = gate[i], u = up[i];
-        const float4 o = make_float4(swiglu1(g.x, u.x), swiglu1(g.y, u.y), swiglu1(g.z, u.z), swiglu1(g.w, u.w));
+        const float4 o =
+            make_float4(lm_swiglu1(g.x, u.x), lm_swiglu1(g.y, u.y), lm_swiglu1(g.z, u.z), lm_swiglu1(g.w, u.w));
         out[i] = o;
         if (outb) {
             const __nv_bfloat162 lo = __floats2bfloat162_rn(o.x, o.y), hi = __floats2bfloat162_rn(o.z, o.w);
@@ -23,7 +20,7 @@ __global__ void swiglu4_kernel(const float4 *gate, const float4 *up, int64_t n4,
 __global__ void swiglu_kernel(const float *gate, const float *up, int64_t n, float *out) {
     lm_pdl_enter();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        out[i] = swiglu1(gate[i], up[i]);
+        out[i] = lm_swiglu1(gate[i], up[i]);
 }
 
 extern "C" void lm_cuda_swiglu(lm_backend *b, const float *gate, const float *up, int64_t n, float *out) {
