@@ -421,7 +421,8 @@ static void test_get_rows(void) {
 
 static void test_rms_norm(void) {
     struct { int64_t n, d; bool weight, alias; } cases[] = {{7, 1536, true, false}, {40 * 12, 128, true, true},
-                                                            {3, 2048, false, false}, {1, 64, true, true}};
+                                                            {3, 2048, false, false}, {1, 64, true, true},
+                                                            {2, 4100, true, true}};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         int64_t n = cases[c].n, d = cases[c].d;
         float *x = fmalloc(n * d), *w = fmalloc(d), *ref = fmalloc(n * d), *got = fmalloc(n * d);

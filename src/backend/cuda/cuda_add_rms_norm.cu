@@ -1,8 +1,6 @@
 /* y += x, then out = rms_norm(y) * w: the residual add and the norm after it in one
  * launch. Bit-identical to add_kernel then rms_norm_kernel: the same __fadd_rn per
- * element, the same row normalization (lm_cuda_norm_row, 256 threads). Each thread
- * adds exactly the elements it then reads for the sum and for the scaling
- * (j = threadIdx.x + k * 256), so no other thread's writes are needed in between. */
+ * element, the same row normalization (lm_cuda_norm_row, 256 threads). */
 #include "backend/cuda/cuda_internal.cuh"
 
 enum { ADD_NORM_THREADS = 256, ADD_NORM_WARPS = ADD_NORM_THREADS / 32 };
@@ -12,11 +10,8 @@ __global__ void __launch_bounds__(ADD_NORM_THREADS)
                         __nv_bfloat16 *outb) {
     lm_pdl_enter();
     __shared__ double part[ADD_NORM_WARPS];
-    float *yr = y + (int64_t)blockIdx.x * d;
-    const float *xr = x + (int64_t)blockIdx.x * d;
-    float *outr = out + (int64_t)blockIdx.x * d;
-    for (int64_t j = threadIdx.x; j < d; j += ADD_NORM_THREADS) yr[j] = __fadd_rn(yr[j], xr[j]);
-    lm_cuda_norm_row<ADD_NORM_THREADS>(yr, w, d, eps, outr, part, outb ? outb + (int64_t)blockIdx.x * d : NULL);
+    const int64_t r = (int64_t)blockIdx.x * d;
+    lm_cuda_norm_row<ADD_NORM_THREADS>(y + r, x + r, w, d, eps, out + r, part, outb ? outb + r : NULL);
 }
 
 extern "C" void lm_cuda_add_rms_norm(lm_backend *b, float *y, const float *x, const float *w, int64_t n, int64_t d,

@@ -222,14 +222,12 @@ const void *lm_cuda_meta_upload(lm_cuda_backend *cu, int kind, const void *host,
  * [pos: n][table offset: n][block tables of the batch's sequences]. */
 const int32_t *lm_cuda_attn_meta(lm_cuda_backend *cu, const lm_kv_cache *kv, const lm_attn_batch *batch);
 
-/* Sum of x[j]^2 for j < d, in double, by a whole block of THREADS threads; `part`
- * is shared memory for THREADS / 32 doubles. One summation order for every caller,
- * so a fused kernel normalizes bit-identically to rms_norm. */
+/* The sum over the block of every thread's `sum`, in a fixed order (the warp's
+ * butterfly, then the warps in index order); `part` is shared memory for THREADS / 32
+ * doubles. */
 template <int THREADS>
-__device__ __forceinline__ double lm_cuda_block_sum_sq(const float *x, int64_t d, double *part) {
+__device__ __forceinline__ double lm_cuda_block_total(double sum, double *part) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    double sum = 0.0;
-    for (int64_t j = threadIdx.x; j < d; j += THREADS) sum += (double)x[j] * (double)x[j];
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
     if (lane == 0) part[warp] = sum;
@@ -241,20 +239,65 @@ __device__ __forceinline__ double lm_cuda_block_sum_sq(const float *x, int64_t d
     return total;
 }
 
-/* yr = xr / sqrt(mean(xr^2) + eps) * w (w NULL: no weight) for one row of d, by a
- * block of THREADS: the sum of squares in double, the scaling rounded as the CPU
- * reference's (x * inv) * w. yr may be xr. Shared by rms_norm and add_rms_norm, which
- * must agree to the bit. yb (may be NULL): the row again, rounded to bf16. */
+/* Sum of x[j]^2 for j < d, in double, by a whole block of THREADS threads (a thread
+ * sums j = its index, + THREADS, ... in order). One summation order for every caller,
+ * so a fused kernel normalizes bit-identically to rms_norm. */
 template <int THREADS>
-__device__ __forceinline__ void lm_cuda_norm_row(const float *xr, const float *__restrict__ w, int64_t d, float eps,
-                                                 float *yr, double *part, __nv_bfloat16 *yb) {
-    const double total = lm_cuda_block_sum_sq<THREADS>(xr, d, part);
+__device__ __forceinline__ double lm_cuda_block_sum_sq(const float *x, int64_t d, double *part) {
+    double sum = 0.0;
+    for (int64_t j = threadIdx.x; j < d; j += THREADS) sum += (double)x[j] * (double)x[j];
+    return lm_cuda_block_total<THREADS>(sum, part);
+}
+
+/* One row of d by a block of THREADS: y += add first when add is not NULL (each
+ * thread adds exactly the elements it later reads: no other thread's writes are
+ * needed), then out = y / sqrt(mean(y^2) + eps) * w (w NULL: no weight), the sum of
+ * squares in double in lm_cuda_block_sum_sq's order, the scaling rounded as the CPU
+ * reference's (y * inv) * w. A thread's first NORM_CACHE elements and weights stay
+ * in registers across the reduction, so the row is not read twice from memory (the
+ * kernels are a chain of dependent memory trips). out may be y; y is written only
+ * when add is given. outb (may be NULL): out again, rounded to bf16. Shared by
+ * rms_norm and add_rms_norm, which must agree to the bit. */
+template <int THREADS>
+__device__ __forceinline__ void lm_cuda_norm_row(float *y, const float *add, const float *__restrict__ w, int64_t d,
+                                                 float eps, float *out, double *part, __nv_bfloat16 *outb) {
+    constexpr int NORM_CACHE = 8;
+    float v[NORM_CACHE], wv[NORM_CACHE];
+    double sum = 0.0;
+#pragma unroll
+    for (int c = 0; c < NORM_CACHE; c++) {
+        const int64_t j = threadIdx.x + (int64_t)c * THREADS;
+        v[c] = 0.0f, wv[c] = 1.0f;
+        if (j < d) {
+            float a = y[j];
+            if (add) a = __fadd_rn(a, add[j]), y[j] = a;
+            v[c] = a;
+            if (w) wv[c] = w[j];
+            sum += (double)a * (double)a;
+        }
+    }
+    for (int64_t j = threadIdx.x + (int64_t)NORM_CACHE * THREADS; j < d; j += THREADS) {
+        float a = y[j];
+        if (add) a = __fadd_rn(a, add[j]), y[j] = a;
+        sum += (double)a * (double)a;
+    }
+    const double total = lm_cuda_block_total<THREADS>(sum, part);
     const float inv = (float)(1.0 / sqrt(total / (double)d + (double)eps));
-    for (int64_t j = threadIdx.x; j < d; j += THREADS) {
-        float v = __fmul_rn(xr[j], inv);
-        if (w) v = __fmul_rn(v, w[j]);
-        yr[j] = v;
-        if (yb) yb[j] = __float2bfloat16_rn(v);
+#pragma unroll
+    for (int c = 0; c < NORM_CACHE; c++) {
+        const int64_t j = threadIdx.x + (int64_t)c * THREADS;
+        if (j < d) {
+            float o = __fmul_rn(v[c], inv);
+            if (w) o = __fmul_rn(o, wv[c]);
+            out[j] = o;
+            if (outb) outb[j] = __float2bfloat16_rn(o);
+        }
+    }
+    for (int64_t j = threadIdx.x + (int64_t)NORM_CACHE * THREADS; j < d; j += THREADS) {
+        float o = __fmul_rn(y[j], inv);
+        if (w) o = __fmul_rn(o, w[j]);
+        out[j] = o;
+        if (outb) outb[j] = __float2bfloat16_rn(o);
     }
 }
 
