@@ -647,8 +647,11 @@ extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
         for (int i = 0; i < LM_CUDA_META_COUNT && st == LM_OK; i++)
             if ((e = cudaEventCreateWithFlags(&cu->meta[i].copied, cudaEventDisableTiming)) != cudaSuccess)
                 st = lm_error(LM_ERR_INTERNAL, "cudaEventCreate: %s", cudaGetErrorString(e));
-        for (int i = 0; i < 2 && cu->graphs_log; i++) /* without them, replays are not timed */
-            if (cudaEventCreate(&cu->replay_ev[i]) != cudaSuccess) cu->replay_ev[0] = NULL;
+        if (cu->graphs_log && (cudaEventCreate(&cu->replay_ev[0]) != cudaSuccess ||
+                               cudaEventCreate(&cu->replay_ev[1]) != cudaSuccess)) {
+            for (int i = 0; i < 2; i++) /* without them, replays are not timed */
+                if (cu->replay_ev[i]) cudaEventDestroy(cu->replay_ev[i]), cu->replay_ev[i] = NULL;
+        }
     }
     if (st == LM_OK && cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device) == cudaSuccess &&
         pools) {

@@ -40,8 +40,9 @@
  *  - GEMM (larger n: prefill, large batches): weight rows decoded to bf16 a tile
  *    at a time (F32 weights: cublasSgemm on the weights in place; BF16: used in
  *    place), activations rounded to bf16, cuBLAS with f32 accumulation. Tokens go
- *    through GEMMs of exactly `chunk` columns (the last one zero-padded), so every
- *    token sees the same GEMM shape and algorithm whatever the batch: batch-invariant
+ *    through GEMMs of exactly `chunk` columns (the last one padded; the padding's
+ *    outputs are never read), so every token sees the same GEMM shape and algorithm
+ *    whatever the batch (a column's result depends on its own column): batch-invariant
  *    within a chunk size. The chunk is the first of 64, 128, 256, 512 that holds the
  *    batch (gemm_chunk_of; LUMEN_CUDA_GEMM_CHUNK sets the smallest): four GEMM paths,
  *    each batch-invariant, so a decode batch of 64 no longer pays for 256 columns.
