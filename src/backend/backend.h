@@ -63,6 +63,11 @@ typedef struct lm_backend_ops {
      * tensor's bytes stay owned by the caller and must outlive the weight. */
     lm_status (*weight_create)(lm_backend *b, const lm_tensor *t, lm_weight **out);
     void (*weight_free)(lm_backend *b, lm_weight *w);
+    /* Optional: weights always multiplied together through matmul_many (Q/K/V,
+     * gate/up), called once after creating them. The backend may store them side by
+     * side and then run them as one product. Best effort: on any failure they stay as
+     * they were. Each keeps its own weight_free (called for all of them). */
+    void (*weight_pack)(lm_backend *b, lm_weight *const *w, int n_w);
 
     /* out[i] = row ids[i] of `table` as f32; out [n][table cols]; ids in host memory
      * and already checked to be in range. */
@@ -75,7 +80,10 @@ typedef struct lm_backend_ops {
     /* Several products of one input: y[i] = W[i] x for i < n_w, all W[i] with the same
      * columns (Q/K/V, gate/up). Optional (NULL: the forward pass calls matmul for each
      * W[i]); a backend uses it to prepare x once and run all rows in one pass. Each
-     * y[i] must equal what matmul would give, bit for bit. */
+     * y[i] must equal what matmul would give, bit for bit, unless weight_pack packed
+     * the weights: one product over all their rows may sum in another order (within
+     * matmul's own rounding), and still gives a token the same bits whatever batch it
+     * is in wherever matmul does. */
     lm_status (*matmul_many)(lm_backend *b, const lm_weight *const *w, int n_w, const float *x, int64_t n,
                              float *const *y);
 

@@ -227,6 +227,11 @@ static lm_status bind_all(loader *L) {
             (st = bind_matrix(L, ROLE_UP, il, d, hp->n_ff, true, &w->w_up)) ||
             (st = bind_matrix(L, ROLE_DOWN, il, hp->n_ff, d, true, &w->w_down)))
             return st;
+        if (m->backend->ops->weight_pack) { /* the products of one input, side by side */
+            lm_weight *qkv[3] = {w->wq, w->wk, w->wv}, *gate_up[2] = {w->w_gate, w->w_up};
+            m->backend->ops->weight_pack(m->backend, qkv, 3);
+            m->backend->ops->weight_pack(m->backend, gate_up, 2);
+        }
         if (hp->has_qkv_bias &&
             ((st = bind_vector(L, ROLE_BQ, il, q_dim, true, &w->bq)) ||
              (st = bind_vector(L, ROLE_BK, il, kv_dim, true, &w->bk)) ||

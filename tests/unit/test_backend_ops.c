@@ -274,41 +274,71 @@ static void test_matmul_type(lm_dtype type, int64_t rows, int64_t cols, const in
     free_weight(&w);
 }
 
+/* matmul_many of n tokens into fresh outputs, downloaded: out[k] [n][rows[k]] */
+static void gpu_matmul_many(lm_weight *const *gw, int n_w, const int64_t *rows, const float *x, int64_t n,
+                            int64_t cols, float **out) {
+    float *dx = gpu_upload(x, sizeof(float) * (size_t)(n * cols)), *dy[3];
+    for (int k = 0; k < n_w; k++) dy[k] = g_gpu->ops->alloc(g_gpu, sizeof(float) * (size_t)(n * rows[k]));
+    lm_status st = g_gpu->ops->matmul_many(g_gpu, (const lm_weight *const *)gw, n_w, dx, n, dy);
+    if (st) fprintf(stderr, "matmul_many: %s\n", lm_last_error());
+    CHECK(st == LM_OK);
+    for (int k = 0; k < n_w; k++) {
+        out[k] = fmalloc(n * rows[k]);
+        gpu_download(out[k], dy[k], sizeof(float) * (size_t)(n * rows[k]));
+        gpu_free(dy[k]);
+    }
+    gpu_free(dx);
+}
+
 /* matmul_many (one launch over the weights' concatenated rows on the matrix-vector and
  * tensor-core paths) against separate matmul calls: bit-equal on every path. Row
- * counts that are not multiples of 16 put each weight's rows elsewhere in the tiles. */
-static void test_matmul_many(lm_dtype type) {
+ * counts that are not multiples of 16 put each weight's rows elsewhere in the tiles.
+ * packed: the weights side by side first (weight_pack), so the GEMM path runs one
+ * product over all their rows: within a GEMM's rounding of the separate products
+ * (another summation order is allowed), and batch-invariant: the first n - 1 tokens of
+ * n give the bits they give alone (the same chunk). */
+static void test_matmul_many(lm_dtype type, bool packed) {
     static const int64_t rows[3] = {40, 24, 200}, ns[] = {3, 24, 100, 300};
     const int64_t cols = 512, n_max = 300;
-    if (!g_gpu->ops->matmul_many) return;
+    if (!g_gpu->ops->matmul_many || (packed && !g_gpu->ops->weight_pack)) return;
     test_weight w[3];
     lm_weight *gw[3] = {NULL, NULL, NULL};
     for (int k = 0; k < 3; k++) {
         make_weight(&w[k], type, rows[k], cols);
         CHECK(g_gpu->ops->weight_create(g_gpu, &w[k].t, &gw[k]) == LM_OK);
     }
+    if (packed && gw[0] && gw[1] && gw[2]) g_gpu->ops->weight_pack(g_gpu, gw, 3);
     float *x = fmalloc(n_max * cols);
     fill(x, n_max * cols, 1.0f);
     for (size_t i = 0; i < sizeof ns / sizeof ns[0] && gw[0] && gw[1] && gw[2]; i++) {
         const int64_t n = ns[i];
-        float *dx = gpu_upload(x, sizeof(float) * (size_t)(n * cols)), *dy[3];
-        for (int k = 0; k < 3; k++) dy[k] = g_gpu->ops->alloc(g_gpu, sizeof(float) * (size_t)(n * rows[k]));
-        lm_status st = g_gpu->ops->matmul_many(g_gpu, (const lm_weight *const *)gw, 3, dx, n, dy);
-        if (st) fprintf(stderr, "matmul_many: %s\n", lm_last_error());
-        CHECK(st == LM_OK);
-        bool same = true;
+        const int path = matmul_path(type, cols, n);
+        const bool one_gemm = packed && path >= PATH_GEMM;
+        float *many[3], *fewer[3];
+        gpu_matmul_many(gw, 3, rows, x, n, cols, many);
+        gpu_matmul_many(gw, 3, rows, x, n - 1, cols, fewer);
+        bool same = true, invariant = true;
+        double err = 0.0;
         for (int k = 0; k < 3; k++) {
-            float *many = fmalloc(n * rows[k]), *one = gpu_matmul(gw[k], x, n, rows[k], cols);
-            gpu_download(many, dy[k], sizeof(float) * (size_t)(n * rows[k]));
-            same = same && bit_equal(many, one, n * rows[k]);
-            free(many), free(one), gpu_free(dy[k]);
+            float *one = gpu_matmul(gw[k], x, n, rows[k], cols);
+            same = same && bit_equal(many[k], one, n * rows[k]);
+            invariant = invariant && bit_equal(many[k], fewer[k], (n - 1) * rows[k]);
+            double e = nerr(many[k], one, n * rows[k]);
+            err = e > err ? e : err;
+            free(many[k]), free(fewer[k]), free(one);
         }
-        gpu_free(dx);
         char what[64];
-        snprintf(what, sizeof what, "%s 40+24+200x%lld n=%lld (%s)", lm_dtype_name(type), (long long)cols,
-                 (long long)n, path_name(matmul_path(type, cols, n)));
-        printf("  %-10s %-40s %s\n", "many", what, same ? "== separate products (bit-equal)" : "DIFFER");
-        CHECK(same);
+        snprintf(what, sizeof what, "%s%s 40+24+200x%lld n=%lld (%s)", packed ? "packed " : "", lm_dtype_name(type),
+                 (long long)cols, (long long)n, path_name(path));
+        if (one_gemm) {
+            report("many", what, err, 1e-5);
+            printf("  %-10s %-40s %s\n", "many", what,
+                   invariant ? "n - 1 tokens == their bits in n (one GEMM)" : "DIFFER from n - 1 tokens");
+            CHECK(invariant);
+        } else {
+            printf("  %-10s %-40s %s\n", "many", what, same ? "== separate products (bit-equal)" : "DIFFER");
+            CHECK(same);
+        }
     }
     free(x);
     for (int k = 0; k < 3; k++) {
@@ -319,17 +349,19 @@ static void test_matmul_many(lm_dtype type) {
 
 /* matmul_swiglu (gate and up products, then swiglu; one launch on the matrix-vector
  * path) against matmul_many then swiglu: bit-equal on every path, for rows short
- * enough to pair in a block (1 and 2 warps a row) and long ones (the separate ops). */
-static void test_matmul_swiglu(lm_dtype type, int64_t cols) {
-    static const int64_t ns[] = {1, 3, 24, 100};
-    const int64_t rows = 72, n_max = 100;
-    if (!g_gpu->ops->matmul_swiglu || !g_gpu->ops->matmul_many) return;
+ * enough to pair in a block (1 and 2 warps a row) and long ones (the separate ops).
+ * packed (weight_pack): on the GEMM path, swiglu read from one product's output. */
+static void test_matmul_swiglu(lm_dtype type, int64_t cols, bool packed) {
+    static const int64_t ns[] = {1, 3, 24, 100, 600};
+    const int64_t rows = 72, n_max = 600;
+    if (!g_gpu->ops->matmul_swiglu || !g_gpu->ops->matmul_many || (packed && !g_gpu->ops->weight_pack)) return;
     test_weight w[2];
     lm_weight *gw[2] = {NULL, NULL};
     for (int k = 0; k < 2; k++) {
         make_weight(&w[k], type, rows, cols);
         CHECK(g_gpu->ops->weight_create(g_gpu, &w[k].t, &gw[k]) == LM_OK);
     }
+    if (packed && gw[0] && gw[1]) g_gpu->ops->weight_pack(g_gpu, gw, 2);
     float *x = fmalloc(n_max * cols);
     fill(x, n_max * cols, 1.0f);
     for (size_t i = 0; i < sizeof ns / sizeof ns[0] && gw[0] && gw[1]; i++) {
@@ -349,8 +381,8 @@ static void test_matmul_swiglu(lm_dtype type, int64_t cols) {
         gpu_download(sep, dz[0], sizeof(float) * (size_t)(n * rows));
         const bool same = bit_equal(fused, sep, n * rows);
         char what[64];
-        snprintf(what, sizeof what, "%s 2x%lldx%lld n=%lld (%s)", lm_dtype_name(type), (long long)rows,
-                 (long long)cols, (long long)n, path_name(matmul_path(type, cols, n)));
+        snprintf(what, sizeof what, "%s%s 2x%lldx%lld n=%lld (%s)", packed ? "packed " : "", lm_dtype_name(type),
+                 (long long)rows, (long long)cols, (long long)n, path_name(matmul_path(type, cols, n)));
         printf("  %-10s %-40s %s\n", "swiglu", what, same ? "== products, then swiglu (bit-equal)" : "DIFFER");
         CHECK(same);
         free(fused), free(sep), gpu_free(dx);
@@ -374,17 +406,21 @@ static void test_matmul(void) {
     static const int64_t ns[] = {1, 3, 16, 130, 40, 300, 32, 64, 100, 128, 200, 256};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         test_matmul_type(types[i], 200, 512, ns, (int)(sizeof ns / sizeof ns[0]));
-    test_matmul_swiglu(LM_DTYPE_BF16, 512);  /* a warp a row */
-    test_matmul_swiglu(LM_DTYPE_Q4_K, 4096); /* two warps a row */
-    test_matmul_swiglu(LM_DTYPE_Q8_0, 8960); /* four: the separate ops */
+    test_matmul_swiglu(LM_DTYPE_BF16, 512, false); /* a warp a row */
+    test_matmul_swiglu(LM_DTYPE_Q4_K, 4096, false); /* two warps a row */
+    test_matmul_swiglu(LM_DTYPE_Q8_0, 8960, false); /* four: the separate ops */
+    test_matmul_swiglu(LM_DTYPE_BF16, 512, true);
+    test_matmul_many(LM_DTYPE_BF16, true);
     if (getenv("LUMEN_TEST_OPS_QUICK")) return; /* under compute-sanitizer */
+    test_matmul_swiglu(LM_DTYPE_Q4_K, 4096, true); /* decoded whole */
+    test_matmul_many(LM_DTYPE_Q4_K, true);
     /* long rows (several warps per row), and more rows than one GEMM tile */
     static const int64_t ns2[] = {1, 24, 100, 300};
     test_matmul_type(LM_DTYPE_Q4_K, 96, 8960, ns2, 4);
     test_matmul_type(LM_DTYPE_Q6_K, 16500, 512, ns2, 4);
     test_matmul_type(LM_DTYPE_BF16, 16500, 256, ns2, 4);
-    test_matmul_many(LM_DTYPE_BF16);
-    test_matmul_many(LM_DTYPE_Q4_K);
+    test_matmul_many(LM_DTYPE_BF16, false);
+    test_matmul_many(LM_DTYPE_Q4_K, false);
 }
 
 static void test_get_rows(void) {

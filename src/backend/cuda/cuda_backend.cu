@@ -403,7 +403,7 @@ static lm_status upload_converted(lm_cuda_backend *cu, const lm_tensor *t, lm_we
     size_t es = fits_f16 ? 2 : 4;
     w->row_bytes = (size_t)cols * es;
     size_t bytes = w->row_bytes * (size_t)rows;
-    w->data = weight_alloc(cu, bytes);
+    w->data = w->alloc = weight_alloc(cu, bytes);
     if (!w->data) {
         free(row);
         return no_memory(cu, t->name, bytes);
@@ -471,7 +471,7 @@ static lm_status cuda_weight_create(lm_backend *b, const lm_tensor *t, lm_weight
         size_t bytes = w->row_bytes * (size_t)rows;
         if (w->row_bytes == 0 || t->nbytes < bytes) {
             st = lm_error(LM_ERR_FORMAT, "tensor %s holds %zu bytes, %zu expected", t->name, t->nbytes, bytes);
-        } else if (!(w->data = weight_alloc(cu, bytes))) {
+        } else if (!(w->data = w->alloc = weight_alloc(cu, bytes))) {
             st = no_memory(cu, t->name, bytes);
         } else {
             cudaError_t e = cudaMemcpy(w->data, t->data, bytes, cudaMemcpyHostToDevice);
@@ -497,8 +497,47 @@ static void cuda_weight_free(lm_backend *b, lm_weight *w) {
     lm_cuda_enter(cu);
     /* kernels queued on the weight must finish before its memory goes */
     cudaStreamSynchronize(cu->stream);
-    cudaFree(w->data);
+    cudaFree(w->alloc);
     free(w);
+}
+
+/* weight_pack (backend.h): the weights' rows copied side by side into one allocation
+ * (pack_next links them), so that the GEMM path runs them as one product
+ * (cuda_matmul.cu). Only weights of one format and width, each a whole number of
+ * 256-byte units (every kernel's alignment holds at any member's start); otherwise,
+ * or when memory is short, they stay where they are. */
+static void cuda_weight_pack(lm_backend *b, lm_weight *const *w, int n_w) {
+    lm_cuda_backend *cu = lm_cuda(b);
+    lm_cuda_enter(cu);
+    if (n_w < 2) return;
+    size_t total = 0;
+    for (int i = 0; i < n_w; i++) {
+        const size_t bytes = (size_t)w[i]->rows * w[i]->row_bytes;
+        if (w[i]->type != w[0]->type || w[i]->cols != w[0]->cols || w[i]->row_bytes != w[0]->row_bytes ||
+            w[i]->alloc != w[i]->data || w[i]->pack_next || bytes % 256 != 0)
+            return;
+        total += bytes;
+    }
+    uint8_t *p = (uint8_t *)weight_alloc(cu, total);
+    if (!p) return;
+    size_t off = 0;
+    for (int i = 0; i < n_w; i++) {
+        const size_t bytes = (size_t)w[i]->rows * w[i]->row_bytes;
+        if (cudaMemcpy(p + off, w[i]->data, bytes, cudaMemcpyDeviceToDevice) != cudaSuccess) {
+            cudaGetLastError();
+            cudaFree(p);
+            return;
+        }
+        off += bytes;
+    }
+    off = 0;
+    for (int i = 0; i < n_w; i++) {
+        cudaFree(w[i]->alloc);
+        w[i]->data = p + off;
+        w[i]->alloc = i == 0 ? p : NULL;
+        w[i]->pack_next = i + 1 < n_w ? w[i + 1] : NULL;
+        off += (size_t)w[i]->rows * w[i]->row_bytes;
+    }
 }
 
 /* ---- lifetime ------------------------------------------------------------------ */
@@ -556,6 +595,9 @@ static void init_ops(lm_backend_ops *o, bool fused) {
     o->host_free = cuda_host_free;
     o->weight_create = cuda_weight_create;
     o->weight_free = cuda_weight_free;
+    /* LUMEN_CUDA_PACK=0: Q/K/V and gate/up stay apart (separate GEMMs; A/B switch) */
+    const char *pack = getenv("LUMEN_CUDA_PACK");
+    o->weight_pack = pack && strcmp(pack, "0") == 0 ? NULL : cuda_weight_pack;
     o->get_rows = lm_cuda_get_rows;
     o->matmul = lm_cuda_matmul;
     /* LUMEN_CUDA_MATMUL_MANY=0: one launch per product (the fused path's A/B switch) */

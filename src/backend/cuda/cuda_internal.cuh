@@ -29,6 +29,7 @@ enum lm_cuda_scratch_slot {
     LM_CUDA_SCR_WTILE, /* matmul: a tile of weight rows dequantized to bf16    */
     LM_CUDA_SCR_XB,    /* matmul: activations as bf16 (or padded f32)          */
     LM_CUDA_SCR_Y,     /* matmul: one GEMM chunk's output                      */
+    LM_CUDA_SCR_YPACK, /* matmul: one chunk of packed weights' product         */
     LM_CUDA_SCR_ATTN,  /* attention: split partials                            */
     LM_CUDA_SCR_COPY,  /* copy: staging for overlapping ranges                 */
     LM_CUDA_SCR_TOPK,  /* logits_topk: the candidates before their copy home    */
@@ -143,6 +144,10 @@ struct lm_weight {
     int64_t rows, cols;
     size_t row_bytes;
     void *data;
+    void *alloc;                 /* the memory weight_free gives back (NULL: a
+                                  * packed weight's, given back with the first's) */
+    const lm_weight *pack_next;  /* weight_pack: the weight whose rows follow this
+                                  * one's in memory, or NULL                    */
 };
 
 static inline lm_cuda_backend *lm_cuda(lm_backend *b) { return (lm_cuda_backend *)b; }

@@ -49,4 +49,9 @@ bool lm_cuda_tc_supports(const lm_weight *w);
 void lm_cuda_matmul_tc(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, const float *x, int64_t n,
                        float *const *y);
 
+/* The packed gate/up product's chunk ys [nv][2 * ff] (gate then up, per token; ff a
+ * multiple of 4, ys and out 16-byte aligned) to out[t][r] = silu(gate) * up
+ * (cuda_swiglu.cu); hand_off: also the bf16 copy the down projection's GEMM takes. */
+void lm_cuda_swiglu_packed(lm_cuda_backend *cu, const float *ys, int64_t nv, int64_t ff, float *out, bool hand_off);
+
 #endif

@@ -1,5 +1,5 @@
 /* out[i] = silu(gate[i]) * up[i] (lm_swiglu1) */
-#include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/cuda_matmul.cuh"
 
 /* four elements a thread with 16-byte loads (a prompt's gate/up rows are 55 MB a
  * layer of a 1.5B model: scalar loads left the kernel at half the memory rate) */
@@ -35,4 +35,30 @@ extern "C" void lm_cuda_swiglu(lm_backend *b, const float *gate, const float *up
     else
         lm_cuda_launch(cu, swiglu_kernel, lm_cuda_blocks(n, 256), 256, gate, up, n, out);
     lm_cuda_launched(cu, "swiglu_kernel");
+}
+
+/* The packed gate/up product (cuda_matmul.cu): token t's gate and up are ys[t][0..ff)
+ * and ys[t][ff..2ff); four elements a thread, as swiglu4_kernel. */
+__global__ void swiglu_packed_kernel(const float4 *__restrict__ ys, int64_t ff4, int64_t total4, float4 *out,
+                                     uint2 *outb) {
+    lm_pdl_enter();
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total4; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t t = i / ff4, r = i - t * ff4;
+        const float4 g = ys[2 * t * ff4 + r], u = ys[(2 * t + 1) * ff4 + r];
+        const float4 o =
+            make_float4(lm_swiglu1(g.x, u.x), lm_swiglu1(g.y, u.y), lm_swiglu1(g.z, u.z), lm_swiglu1(g.w, u.w));
+        out[i] = o;
+        if (outb) {
+            const __nv_bfloat162 lo = __floats2bfloat162_rn(o.x, o.y), hi = __floats2bfloat162_rn(o.z, o.w);
+            outb[i] = make_uint2(*(const uint32_t *)&lo, *(const uint32_t *)&hi);
+        }
+    }
+}
+
+void lm_cuda_swiglu_packed(lm_cuda_backend *cu, const float *ys, int64_t nv, int64_t ff, float *out, bool hand_off) {
+    const int64_t total4 = nv * ff / 4;
+    uint2 *outb = hand_off ? (uint2 *)lm_cuda_gemm_input(cu, out, nv * ff) : NULL;
+    lm_cuda_launch(cu, swiglu_packed_kernel, lm_cuda_blocks(total4, 256), 256, (const float4 *)ys, ff / 4, total4,
+                   (float4 *)out, outb);
+    lm_cuda_launched(cu, "swiglu_packed_kernel");
 }
