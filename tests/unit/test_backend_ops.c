@@ -669,9 +669,13 @@ static void run_attention_case(const attn_case *ac) {
     report("kv_store", what, same ? 0.0 : 1.0, 0.0);
     free(cache);
 
-    /* batches: decode (the last position of each sequence), then a prefill-like mix */
-    int32_t bpos[64], bseq[64];
-    int64_t nb[2] = {0, 0};
+    /* batches: decode (the last position of each sequence), a prefill-like mix, and a
+     * large decode-like batch (48 tokens of the three sequences in turn, no runs: the
+     * tensor-core decode kernel where it applies, cuda_attention_dec.cu) */
+    int32_t bpos[64], bseq[64], lpos[48], lseq[48];
+    int64_t nb[3] = {0, 0, 48};
+    for (int i = 0; i < 48; i++)
+        lseq[i] = i % N_SEQ, lpos[i] = (int32_t)(k_seq_len[i % N_SEQ] - 1 - (i / N_SEQ * 7) % k_seq_len[i % N_SEQ]);
     for (int s = 0; s < N_SEQ; s++) bpos[nb[0]] = (int32_t)(k_seq_len[s] - 1), bseq[nb[0]++] = s;
     int32_t *ppos = bpos + 8, *pseq = bseq + 8;
     for (int64_t p = k_seq_len[1] - 40; p < k_seq_len[1]; p++) ppos[nb[1]] = (int32_t)p, pseq[nb[1]++] = 1;
@@ -679,9 +683,9 @@ static void run_attention_case(const attn_case *ac) {
     for (int64_t p = k_seq_len[2] - 3; p < k_seq_len[2]; p++) ppos[nb[1]] = (int32_t)p, pseq[nb[1]++] = 2;
     const float scale = 1.0f / sqrtf((float)ac->hd);
     float *dec_q = NULL, *dec_out = NULL; /* the decode batch's queries and GPU results */
-    for (int bi = 0; bi < 2; bi++) {
+    for (int bi = 0; bi < 3; bi++) {
         int64_t n = nb[bi];
-        lm_attn_batch b = {n, bi == 0 ? bpos : ppos, bi == 0 ? bseq : pseq};
+        lm_attn_batch b = {n, bi == 0 ? bpos : bi == 1 ? ppos : lpos, bi == 0 ? bseq : bi == 1 ? pseq : lseq};
         float *q = fmalloc(n * d_q), *ref = fmalloc(n * d_q), *got = fmalloc(n * d_q);
         fill(q, n * d_q, 2.0f);
         if (bi == 1) {
@@ -699,7 +703,7 @@ static void run_attention_case(const attn_case *ac) {
         CHECK(st == LM_OK);
         gpu_download(got, dout, sizeof(float) * (size_t)(n * d_q));
         snprintf(what, sizeof what, "%s %s hd=%lld heads %lld/%lld win=%lld n=%lld", lm_dtype_name(ac->type),
-                 bi == 0 ? "decode " : "prefill", (long long)ac->hd, (long long)ac->n_head, (long long)ac->n_head_kv,
+                 bi == 0 ? "decode " : bi == 1 ? "prefill" : "batch  ", (long long)ac->hd, (long long)ac->n_head, (long long)ac->n_head_kv,
                  (long long)ac->window, (long long)n);
         /* the F16 reference rounds the softmax weights to f16; we keep them f32 */
         report("attention", what, nerr(got, ref, n * d_q), ac->type == LM_DTYPE_F16 ? 2e-3 : 1e-5);
@@ -709,6 +713,17 @@ static void run_attention_case(const attn_case *ac) {
                   (ac->hd == 64 || ac->hd == 128 || ac->hd == 256);
         if (bi == 0) {
             dec_q = q, dec_out = got, q = got = NULL;
+        } else if (bi == 2) {
+            /* a token's result does not depend on the batch around it: the first 40
+             * tokens alone (still a large batch) give the same bits */
+            lm_attn_batch sub = {40, lpos, lseq};
+            float *dout1 = g_gpu->ops->alloc(g_gpu, sizeof(float) * (size_t)(40 * d_q)), *got1 = fmalloc(40 * d_q);
+            CHECK(g_gpu->ops->attention(g_gpu, kg, layer, &sub, dq, ac->n_head, ac->n_head_kv, ac->hd, ac->window,
+                                        scale, dout1) == LM_OK);
+            gpu_download(got1, dout1, sizeof(float) * (size_t)(40 * d_q));
+            CHECK(bit_equal(got1, got, 40 * d_q));
+            g_gpu->ops->free(g_gpu, dout1);
+            free(got1);
         } else if (!tc) {
             /* a token's result does not depend on the batch around it (split-K included) */
             CHECK(bit_equal(got + 39 * d_q, dec_out + 1 * d_q, d_q));

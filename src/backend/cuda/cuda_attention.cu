@@ -1,6 +1,7 @@
 /* Causal attention over the paged KV cache: decode, small batches and recorded
  * passes (prefill runs of 16 positions take the tensor-core kernel,
- * cuda_attention_tc.cu).
+ * cuda_attention_tc.cu, and decode batches of more than tc_max_n tokens the
+ * tensor-core decode kernel, cuda_attention_dec.cu).
  *
  * A block takes one (token, KV head, chunk of up to ATT_HEADS of the query heads
  * sharing that KV head, split). A split is ATT_SPLIT positions of the token's
@@ -361,7 +362,8 @@ extern "C" lm_status lm_cuda_attention(lm_backend *b, const lm_kv_cache *kv, int
     if (lm_cuda_replaying(cu)) return LM_OK;
     /* the output projection's input in bf16 where that takes a GEMM */
     __nv_bfloat16 *outb = lm_cuda_gemm_input(cu, out, n * n_head * head_dim);
-    if (lm_cuda_attention_tc(cu, kv, layer, batch, meta, q, n_head, n_head_kv, head_dim, window, scale, out, outb))
+    if (lm_cuda_attention_tc(cu, kv, layer, batch, meta, q, n_head, n_head_kv, head_dim, window, scale, out, outb) ||
+        lm_cuda_attention_dec(cu, kv, layer, batch, meta, q, n_head, n_head_kv, head_dim, window, scale, out, outb))
         return in_pass ? LM_OK : lm_cuda_take_error(cu);
     float *part = NULL;
     int *counts = NULL;
