@@ -542,9 +542,6 @@ static void cuda_weight_pack(lm_backend *b, lm_weight *const *w, int n_w) {
 
 /* ---- lifetime ------------------------------------------------------------------ */
 
-/* cuBLAS's own workspace, set once: a GEMM inside a graph capture must not allocate */
-enum { CUBLAS_WORKSPACE = 32 << 20 };
-
 static void cuda_destroy(lm_backend *b) {
     lm_cuda_backend *cu = lm_cuda(b);
     lm_cuda_enter(cu);
@@ -572,6 +569,7 @@ static void cuda_destroy(lm_backend *b) {
     }
     lm_cuda_graphs_free(cu);
     if (cu->cublas) cublasDestroy(cu->cublas);
+    if (cu->cublaslt) cublasLtDestroy(cu->cublaslt);
     if (cu->cublas_ws) cudaFree(cu->cublas_ws);
     if (cu->stream) cudaStreamDestroy(cu->stream);
     free(cu->attn_host);
@@ -682,10 +680,11 @@ extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
         st = lm_error(LM_ERR_UNSUPPORTED, "cannot start GPU %d (%s): %s", device, prop.name, cudaGetErrorString(e));
     } else if (cublasCreate(&cu->cublas) != CUBLAS_STATUS_SUCCESS ||
                cublasSetStream(cu->cublas, cu->stream) != CUBLAS_STATUS_SUCCESS ||
-               cudaMalloc(&cu->cublas_ws, CUBLAS_WORKSPACE) != cudaSuccess ||
-               cublasSetWorkspace(cu->cublas, cu->cublas_ws, CUBLAS_WORKSPACE) != CUBLAS_STATUS_SUCCESS) {
+               cudaMalloc(&cu->cublas_ws, LM_CUDA_CUBLAS_WORKSPACE) != cudaSuccess ||
+               cublasSetWorkspace(cu->cublas, cu->cublas_ws, LM_CUDA_CUBLAS_WORKSPACE) != CUBLAS_STATUS_SUCCESS) {
         st = lm_error(LM_ERR_UNSUPPORTED, "cannot start cuBLAS on GPU %d (%s)", device, prop.name);
     } else {
+        if (cublasLtCreate(&cu->cublaslt) != CUBLAS_STATUS_SUCCESS) cu->cublaslt = NULL; /* cublasGemmEx only */
         for (int i = 0; i < LM_CUDA_META_COUNT && st == LM_OK; i++)
             if ((e = cudaEventCreateWithFlags(&cu->meta[i].copied, cudaEventDisableTiming)) != cudaSuccess)
                 st = lm_error(LM_ERR_INTERNAL, "cudaEventCreate: %s", cudaGetErrorString(e));

@@ -8,6 +8,7 @@
 #ifndef LM_BACKEND_CUDA_INTERNAL_CUH
 #define LM_BACKEND_CUDA_INTERNAL_CUH
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -19,6 +20,10 @@ extern "C" {
 #include "core/error.h"
 #include "kv/kv_cache.h"
 }
+
+/* cuBLAS's own workspace (cublas_ws), set once: a GEMM inside a graph capture must
+ * not allocate. Shared by cuBLAS and cuBLASLt, which run on the one stream. */
+enum { LM_CUDA_CUBLAS_WORKSPACE = 32 << 20 };
 
 /* Host metadata copied to the device; one slot per kind so the kinds of one forward
  * pass do not evict each other (each is uploaded once per pass, then reused). */
@@ -74,6 +79,7 @@ typedef struct lm_cuda_backend {
     uint64_t peak_used; /* most device memory in use seen after an allocation */
     cudaStream_t stream;
     cublasHandle_t cublas;
+    cublasLtHandle_t cublaslt; /* NULL: the products go through cublasGemmEx only */
     bool pools;        /* stream-ordered allocation (cudaMallocAsync) available */
     lm_status err;     /* first error not yet reported (LM_OK: none)            */
     char err_msg[512];

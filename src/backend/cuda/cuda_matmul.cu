@@ -323,6 +323,8 @@ static int64_t gemm_row_tile(const lm_weight *w, int64_t chunk) {
  * activations xs starting at token c0: the one cuBLAS call of the GEMM path. */
 static bool gemm_call(lm_cuda_backend *cu, bool f32, const void *A, int64_t nr, int64_t cols, const void *xs,
                       int64_t c0, int64_t chunk, float *C) {
+    if (!f32 && lm_cuda_gemm_lt(cu, A, nr, cols, (const __nv_bfloat16 *)xs + c0 * cols, chunk, C))
+        return cu->err == LM_OK;
     const float one = 1.0f, zero = 0.0f;
     cublasStatus_t s;
     if (f32)

@@ -49,6 +49,13 @@ bool lm_cuda_tc_supports(const lm_weight *w);
 void lm_cuda_matmul_tc(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, const float *x, int64_t n,
                        float *const *y);
 
+/* C (f32, column-major rows x chunk) = A^T B, A bf16 [rows][cols], B bf16
+ * [chunk][cols], through cuBLASLt with the shape's timed algorithm
+ * (cuda_gemm_algo.cu). false: not done, the caller uses cublasGemmEx; true: done or
+ * failed (error recorded). */
+bool lm_cuda_gemm_lt(lm_cuda_backend *cu, const void *A, int64_t rows, int64_t cols, const void *B, int64_t chunk,
+                     float *C);
+
 /* The packed gate/up product's chunk ys [nv][2 * ff] (gate then up, per token; ff a
  * multiple of 4, ys and out 16-byte aligned) to out[t][r] = silu(gate) * up
  * (cuda_swiglu.cu); hand_off: also the bf16 copy the down projection's GEMM takes. */
