@@ -703,8 +703,8 @@ static void run_attention_case(const attn_case *ac) {
         CHECK(st == LM_OK);
         gpu_download(got, dout, sizeof(float) * (size_t)(n * d_q));
         snprintf(what, sizeof what, "%s %s hd=%lld heads %lld/%lld win=%lld n=%lld", lm_dtype_name(ac->type),
-                 bi == 0 ? "decode " : bi == 1 ? "prefill" : "batch  ", (long long)ac->hd, (long long)ac->n_head, (long long)ac->n_head_kv,
-                 (long long)ac->window, (long long)n);
+                 bi == 0 ? "decode " : bi == 1 ? "prefill" : "batch  ", (long long)ac->hd, (long long)ac->n_head,
+                 (long long)ac->n_head_kv, (long long)ac->window, (long long)n);
         /* the F16 reference rounds the softmax weights to f16; we keep them f32 */
         report("attention", what, nerr(got, ref, n * d_q), ac->type == LM_DTYPE_F16 ? 2e-3 : 1e-5);
         /* batches of more than 4 (and mv_max_n) tokens in runs take the tensor-core

@@ -43,6 +43,7 @@ void lm_cuda_enter(lm_cuda_backend *cu) {
     int cur = -1;
     if (cudaGetDevice(&cur) != cudaSuccess || cur != cu->device) lm_cuda_ok(cu, cudaSetDevice(cu->device), "cudaSetDevice");
     cu->op_seq++;
+    if (cu->qkv_pending.ys) lm_cuda_qkv_split(cu); /* the op after the product is not its qkv_finish */
 }
 
 /* ---- memory ------------------------------------------------------------------- */

@@ -96,6 +96,15 @@ typedef struct lm_cuda_backend {
     const float *gemm_in_src;
     int64_t gemm_in_count;
     uint64_t gemm_in_seq;
+    /* a packed Q/K/V product not yet split into its outputs (cuda_matmul.cu): the next
+     * op takes it in place if it is qkv_finish on those outputs, else it is split as
+     * that op enters (lm_cuda_enter). ys: NULL when none. */
+    struct {
+        const float *ys;
+        int64_t n;
+        float *y[3];
+        int rows[3];
+    } qkv_pending;
     /* attention metadata built on the host: [pos: n][table offset: n][tables] */
     int32_t *attn_host;
     size_t attn_host_cap;
@@ -211,6 +220,12 @@ void lm_cuda_replay_time_collect(lm_cuda_backend *cu);
 /* Makes the backend's device current for the calling thread. Every entry point
  * calls it once, first: it also counts them (op_seq). */
 void lm_cuda_enter(lm_cuda_backend *cu);
+
+/* The pending packed Q/K/V product split into its outputs (cuda_matmul.cu). */
+void lm_cuda_qkv_split(lm_cuda_backend *cu);
+/* For qkv_finish on q, k, v of n tokens, before it enters: the pending packed product
+ * ([n][rows of q + k + v], row-major) when it is theirs (taken: no split), else NULL. */
+const float *lm_cuda_qkv_take(lm_cuda_backend *cu, const float *q, const float *k, const float *v, int64_t n);
 
 /* For an op about to write `count` floats at x (rows of a GEMM product's input):
  * where to also write them rounded to bf16, so that a GEMM-path product of x that

@@ -446,8 +446,40 @@ __global__ void unpack_kernel(const __grid_constant__ mv_set set, const float4 *
     }
 }
 
+static void launch_unpack(lm_cuda_backend *cu, const mv_set &set, const float *ys, int64_t c0, int64_t nv) {
+    const int64_t total4 = nv * set.end[set.n_w - 1] / 4;
+    lm_cuda_launch(cu, unpack_kernel, lm_cuda_blocks(total4, 256), 256, set, (const float4 *)ys, c0, total4);
+    lm_cuda_launched(cu, "unpack_kernel");
+}
+
+void lm_cuda_qkv_split(lm_cuda_backend *cu) {
+    mv_set set;
+    memset(&set, 0, sizeof set);
+    for (int k = 0; k < 3; k++) {
+        set.y[k] = cu->qkv_pending.y[k];
+        set.rows[k] = cu->qkv_pending.rows[k];
+        set.end[k] = (k ? set.end[k - 1] : 0) + set.rows[k];
+    }
+    set.n_w = 3;
+    const float *ys = cu->qkv_pending.ys;
+    cu->qkv_pending.ys = NULL;
+    launch_unpack(cu, set, ys, 0, cu->qkv_pending.n);
+}
+
+const float *lm_cuda_qkv_take(lm_cuda_backend *cu, const float *q, const float *k, const float *v, int64_t n) {
+    const float *ys = cu->qkv_pending.ys;
+    if (!ys || cu->qkv_pending.n != n || cu->qkv_pending.y[0] != q || cu->qkv_pending.y[1] != k ||
+        cu->qkv_pending.y[2] != v)
+        return NULL;
+    cu->qkv_pending.ys = NULL;
+    return ys;
+}
+
 /* The packed product (gemm_packed), a chunk of tokens at a time into the YPACK scratch,
- * then split into y[k]; or, with swiglu_out, (gate, up) made silu(gate) * up there. */
+ * then split into y[k]; or, with swiglu_out, (gate, up) made silu(gate) * up there.
+ * Three weights in one chunk (Q/K/V of a decode step) with the fused ops on are left
+ * unsplit (qkv_pending): a qkv_finish right after reads them in place, one launch and
+ * one trip through memory fewer. */
 static void packed_run(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, const float *x, int64_t n,
                        float *const *y, float *swiglu_out) {
     const mv_set set = mv_set_of(w, n_w, y);
@@ -473,10 +505,12 @@ static void packed_run(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, 
             /* the down projection's bf16 input handed off only when no later chunk's
              * GEMM still reads the activations from the same scratch */
             lm_cuda_swiglu_packed(cu, ys, nv, w[0]->rows, swiglu_out + c0 * w[0]->rows, nv == n);
+        } else if (n_w == 3 && nv == n && cu->fused) {
+            cu->qkv_pending.ys = ys;
+            cu->qkv_pending.n = n;
+            for (int k = 0; k < 3; k++) cu->qkv_pending.y[k] = y[k], cu->qkv_pending.rows[k] = set.rows[k];
         } else {
-            const int64_t total4 = nv * rows_all / 4;
-            lm_cuda_launch(cu, unpack_kernel, lm_cuda_blocks(total4, 256), 256, set, (const float4 *)ys, c0, total4);
-            lm_cuda_launched(cu, "unpack_kernel");
+            launch_unpack(cu, set, ys, c0, nv);
         }
     }
 }

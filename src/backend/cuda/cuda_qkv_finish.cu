@@ -2,13 +2,16 @@
  * k and v, the per-head RMS norms of q and k, RoPE of q and k, and the store of k and
  * v into the paged cache — one launch where the separate ops took seven, each stage
  * computed exactly as its own op computes it (same roundings, same summation order:
- * lm_cuda_block_sum_sq, lm_cuda_rope_angle), so the results are bit-identical. */
+ * lm_cuda_block_sum_sq, lm_cuda_rope_angle), so the results are bit-identical.
+ * Right after a packed Q/K/V product (cuda_matmul.cu) it reads q, k and v from the
+ * product's output, which is then never split into them by a launch of its own. */
 #include "backend/cuda/cuda_internal.cuh"
 
 enum { QF_THREADS = 256, QF_MAX_ROT = 512 };
 
 typedef struct qf_args {
     float *q, *k, *v;
+    const float *in; /* the packed Q/K/V product [n][q + k + v] to read, or NULL: q, k, v */
     const float *bq, *bk, *bv, *q_norm, *k_norm;
     float eps, theta, freq_scale;
     int n_head, n_head_kv, hd, n_rot, neox;
@@ -46,11 +49,13 @@ __global__ void __launch_bounds__(QF_THREADS) qkv_finish_kernel(const __grid_con
     lm_pdl_enter();
     const int q_dim = a.n_head * a.hd, kv_dim = a.n_head_kv * a.hd;
     float *q = a.q + t * q_dim, *k = a.k + t * kv_dim, *v = a.v + t * kv_dim;
-    if (a.bq) {
-        for (int i = threadIdx.x; i < q_dim; i += QF_THREADS) q[i] = __fadd_rn(q[i], a.bq[i]);
+    if (a.bq || a.in) { /* the biases, and the packed product's rows copied out */
+        const float *qi = a.in ? a.in + t * (q_dim + 2 * kv_dim) : q, *ki = a.in ? qi + q_dim : k;
+        const float *vi = a.in ? ki + kv_dim : v;
+        for (int i = threadIdx.x; i < q_dim; i += QF_THREADS) q[i] = a.bq ? __fadd_rn(qi[i], a.bq[i]) : qi[i];
         for (int i = threadIdx.x; i < kv_dim; i += QF_THREADS) {
-            k[i] = __fadd_rn(k[i], a.bk[i]);
-            v[i] = __fadd_rn(v[i], a.bv[i]);
+            k[i] = a.bq ? __fadd_rn(ki[i], a.bk[i]) : ki[i];
+            v[i] = a.bq ? __fadd_rn(vi[i], a.bv[i]) : vi[i];
         }
         __syncthreads();
     }
@@ -84,6 +89,8 @@ __global__ void __launch_bounds__(QF_THREADS) qkv_finish_kernel(const __grid_con
 extern "C" void lm_cuda_qkv_finish(lm_backend *b, lm_kv_cache *kv, int64_t layer, const lm_attn_batch *batch,
                                    const lm_qkv_finish *p) {
     lm_cuda_backend *cu = lm_cuda(b);
+    /* taken before entering, which would split it */
+    const float *in = lm_cuda_qkv_take(cu, p->q, p->k, p->v, batch->n_tokens);
     lm_cuda_enter(cu);
     const int64_t n = batch->n_tokens;
     if (n <= 0) return;
@@ -102,7 +109,7 @@ extern "C" void lm_cuda_qkv_finish(lm_backend *b, lm_kv_cache *kv, int64_t layer
     const int32_t *meta = lm_cuda_attn_meta(cu, kv, batch);
     if (!meta || lm_cuda_replaying(cu)) return;
     qf_args a;
-    a.q = p->q, a.k = p->k, a.v = p->v;
+    a.q = p->q, a.k = p->k, a.v = p->v, a.in = in;
     a.bq = p->bq, a.bk = p->bk, a.bv = p->bv, a.q_norm = p->q_norm, a.k_norm = p->k_norm;
     a.eps = p->eps, a.theta = p->theta, a.freq_scale = p->freq_scale;
     a.n_head = (int)p->n_head, a.n_head_kv = (int)p->n_head_kv, a.hd = (int)p->head_dim, a.n_rot = (int)p->n_rot;
