@@ -670,8 +670,8 @@ static void run_attention_case(const attn_case *ac) {
     free(cache);
 
     /* batches: decode (the last position of each sequence), a prefill-like mix, and a
-     * large decode-like batch (48 tokens of the three sequences in turn, no runs: the
-     * tensor-core decode kernel where it applies, cuda_attention_dec.cu) */
+     * large decode-like batch (48 tokens of the three sequences in turn, no runs; the
+     * first three are the decode batch's tokens) */
     int32_t bpos[64], bseq[64], lpos[48], lseq[48];
     int64_t nb[3] = {0, 0, 48};
     for (int i = 0; i < 48; i++)
@@ -692,6 +692,9 @@ static void run_attention_case(const attn_case *ac) {
             /* the last tokens of seq 1 and seq 2 again, with their decode queries */
             memcpy(q + 39 * d_q, dec_q + 1 * d_q, sizeof(float) * (size_t)d_q);
             memcpy(q + (n - 1) * d_q, dec_q + 2 * d_q, sizeof(float) * (size_t)d_q);
+        } else if (bi == 2) {
+            /* its first three tokens are the decode batch's, with their queries */
+            memcpy(q, dec_q, sizeof(float) * (size_t)(N_SEQ * d_q));
         }
         float *dq = gpu_upload(q, sizeof(float) * (size_t)(n * d_q));
         float *dout = g_gpu->ops->alloc(g_gpu, sizeof(float) * (size_t)(n * d_q));
@@ -714,8 +717,10 @@ static void run_attention_case(const attn_case *ac) {
         if (bi == 0) {
             dec_q = q, dec_out = got, q = got = NULL;
         } else if (bi == 2) {
-            /* a token's result does not depend on the batch around it: the first 40
-             * tokens alone (still a large batch) give the same bits */
+            /* a token's result does not depend on the batch around it: the same in
+             * the decode batch of 3 as in this one of 48, and the first 40 tokens
+             * alone give the same bits */
+            CHECK(bit_equal(got, dec_out, N_SEQ * d_q));
             lm_attn_batch sub = {40, lpos, lseq};
             float *dout1 = g_gpu->ops->alloc(g_gpu, sizeof(float) * (size_t)(40 * d_q)), *got1 = fmalloc(40 * d_q);
             CHECK(g_gpu->ops->attention(g_gpu, kg, layer, &sub, dq, ac->n_head, ac->n_head_kv, ac->hd, ac->window,

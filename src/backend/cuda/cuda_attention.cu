@@ -1,7 +1,7 @@
-/* Causal attention over the paged KV cache: decode, small batches and recorded
- * passes (prefill runs of 16 positions take the tensor-core kernel,
- * cuda_attention_tc.cu, and decode batches of more than tc_max_n tokens the
- * tensor-core decode kernel, cuda_attention_dec.cu).
+/* Causal attention over the paged KV cache: what the tensor-core kernels do not take
+ * (prefill runs of 16 positions: cuda_attention_tc.cu; every other batch with an F16
+ * cache, head sizes 64 and 128: cuda_attention_dec.cu), so F32 caches and other head
+ * sizes.
  *
  * A block takes one (token, KV head, chunk of up to ATT_HEADS of the query heads
  * sharing that KV head, split). A split is ATT_SPLIT positions of the token's
@@ -29,7 +29,7 @@
  * With an F16 cache the query is rounded to f16 like the keys, as the CPU reference
  * does; the softmax weights are not rounded to f16 (the reference rounds them; the
  * difference is within f16 rounding, ~1e-4 relative). Everything else is f32. */
-#include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/cuda_attention_split.cuh"
 
 enum {
     ATT_WARPS = 8,   /* a warp per query head of the block */
@@ -125,67 +125,6 @@ __device__ __forceinline__ void load_v_dims(const void *vrow, int lane, float *v
         } else {
             v[i] = __uint_as_float(w[i]);
         }
-    }
-}
-
-/* out[i] = v, and its bf16 copy for the product after (outb, may be NULL) */
-__device__ __forceinline__ void store_out(float *out, __nv_bfloat16 *outb, int64_t i, float v) {
-    out[i] = v;
-    if (outb) outb[i] = __float2bfloat16_rn(v);
-}
-
-/* After each split of an item (token t, query heads h0..h0+nh) wrote its state
- * (max, sum, unnormalized output: hd + 2 floats per head and split in `part`): the
- * block that finishes last merges the splits in split order, a warp per head (WARPS
- * warps), a lane per split for the max and the sum (32 at a time), then the lanes'
- * output dimensions (DPL each) over the splits, loads of a round in flight together. */
-template <int DPL, int WARPS>
-__device__ void merge_if_last(const float *part, float *__restrict__ out, __nv_bfloat16 *__restrict__ outb,
-                              int *__restrict__ counts, int item, int t, int n_head, int h0, int nh, int hd,
-                              int n_split, int max_splits, int *last_sh) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const size_t stride = (size_t)hd + 2;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        const int done = atomicAdd(&counts[item], 1) + 1;
-        *last_sh = done == n_split;
-        if (*last_sh) counts[item] = 0; /* ready for the next call */
-    }
-    __syncthreads();
-    if (!*last_sh) return;
-    __threadfence();
-    for (int hl = warp; hl < nh; hl += WARPS) {
-        const float *pp = part + ((size_t)t * n_head + h0 + hl) * max_splits * stride;
-        float M = -INFINITY;
-        for (int s0 = 0; s0 < n_split; s0 += 32)
-            if (s0 + lane < n_split) M = fmaxf(M, __ldcg(pp + (s0 + lane) * stride));
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, off));
-        float L = 0.0f, o[DPL];
-#pragma unroll
-        for (int i = 0; i < DPL; i++) o[i] = 0.0f;
-        for (int s0 = 0; s0 < n_split; s0 += 32) {
-            const int ns = min(32, n_split - s0);
-            const float *ps = pp + (s0 + lane) * stride;
-            const float c = lane < ns ? expf(__ldcg(ps) - M) : 0.0f;
-            float ls = lane < ns ? __ldcg(ps + 1) * c : 0.0f;
-#pragma unroll
-            for (int off = 16; off > 0; off >>= 1) ls += __shfl_xor_sync(0xffffffffu, ls, off);
-            L += ls;
-#pragma unroll 4
-            for (int sp = 0; sp < ns; sp++) {
-                const float cs = __shfl_sync(0xffffffffu, c, sp);
-                const float *a = pp + (s0 + sp) * stride + 2 + lane * DPL;
-#pragma unroll
-                for (int i = 0; i < DPL; i++)
-                    if (lane * DPL + i < hd) o[i] = fmaf(__ldcg(a + i), cs, o[i]);
-            }
-        }
-        const int64_t row = ((int64_t)t * n_head + h0 + hl) * hd;
-#pragma unroll
-        for (int i = 0; i < DPL; i++)
-            if (lane * DPL + i < hd) store_out(out, outb, row + lane * DPL + i, o[i] / L);
     }
 }
 
@@ -362,8 +301,7 @@ extern "C" lm_status lm_cuda_attention(lm_backend *b, const lm_kv_cache *kv, int
     if (lm_cuda_replaying(cu)) return LM_OK;
     /* the output projection's input in bf16 where that takes a GEMM */
     __nv_bfloat16 *outb = lm_cuda_gemm_input(cu, out, n * n_head * head_dim);
-    if (lm_cuda_attention_tc(cu, kv, layer, batch, meta, q, n_head, n_head_kv, head_dim, window, scale, out, outb) ||
-        lm_cuda_attention_dec(cu, kv, layer, batch, meta, q, n_head, n_head_kv, head_dim, window, scale, out, outb))
+    if (lm_cuda_attention_tc(cu, kv, layer, batch, meta, q, n_head, n_head_kv, head_dim, window, scale, out, outb))
         return in_pass ? LM_OK : lm_cuda_take_error(cu);
     float *part = NULL;
     int *counts = NULL;
@@ -372,6 +310,11 @@ extern "C" lm_status lm_cuda_attention(lm_backend *b, const lm_kv_cache *kv, int
                                         (size_t)(n * n_head) * (size_t)max_splits * (size_t)(head_dim + 2) * 4);
         counts = (int *)lm_cuda_scratch(cu, LM_CUDA_SCR_COUNTS, (size_t)items * sizeof(int));
         if (!part || !counts) return in_pass ? LM_OK : lm_cuda_take_error(cu);
+    }
+    if (lm_cuda_attention_dec_supports(kv, n_head, n_head_kv, head_dim)) {
+        lm_cuda_attention_dec(cu, kv, layer, batch, meta, q, n_head, n_head_kv, head_dim, window, scale, max_splits,
+                              out, outb, part, counts);
+        return in_pass ? LM_OK : lm_cuda_take_error(cu);
     }
     const int64_t d_kv = kv->n_embd_kv;
     const size_t layer_off = (size_t)(layer * kv->n_blocks * kv->block_size * d_kv) * kv->elem_size;

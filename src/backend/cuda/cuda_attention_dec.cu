@@ -1,42 +1,49 @@
-/* Attention of large decode batches on the tensor cores (mma.sync m16n8k16, f16
- * inputs, f32 accumulation).
+/* Decode attention on the tensor cores (mma.sync m16n8k16, f16 inputs, f32
+ * accumulation): every batch that is not a prefill run (cuda_attention_tc.cu), from
+ * one sequence to hundreds.
  *
- * A block takes one (token, KV head): the query heads sharing that KV head are the
- * rows of the products (up to 16; rows past the group are zeros, computed and
+ * A block takes one (token, KV head, split): the query heads sharing that KV head are
+ * the rows of the products (up to 16; rows past the group are zeros, computed and
  * dropped), so each key and value is read once for all of them and a KV block of 16
  * positions costs 16 products where the scalar kernel (cuda_attention.cu) spent a
- * lane's fused multiply-adds per position and dimension. Its DEC_WARPS warps take the
- * token's KV blocks in turn (warp w: blocks w, w + DEC_WARPS, ...), each an online
- * softmax over its blocks (tc_attend_block, as the prefill kernel); the warps' states
- * are then merged in shared memory in warp order. (The scalar kernel took 16 us a
- * layer at 64 sequences of ~200 positions and 40 us at 256 on the H200, bound by its
- * instructions.)
+ * lane's fused multiply-adds per position and dimension. A split is DEC_SPLIT_KB KV
+ * blocks (256 positions) of the token's context; its DEC_WARPS warps take them in
+ * turn (warp w: blocks w, w + DEC_WARPS, ...), each an online softmax over its blocks
+ * (tc_attend_block, as the prefill kernel), and the warps' states are merged in shared
+ * memory in warp order. A token with several splits has each write its state and the
+ * last to finish merges them in split order (merge_if_last), so a long context at
+ * batch 1 still spreads over the GPU. (The scalar kernel took 16 us a layer at 64
+ * sequences of ~200 positions and 40 us at 256 on the H200, bound by its instructions;
+ * this one 11.5 us at 64.)
  *
- * Which warp takes which block depends only on the block's index, and the merge order
- * is fixed: a token's result depends on its own query, position and window, never on
- * the batch around it, within this path. It differs from the scalar kernel's by f16
- * rounding of the softmax weights (as the CPU reference rounds them), ~1e-3 relative,
- * so it serves only batches of more than tc_max_n tokens, the size from which the
- * products change path too (cuda_matmul.cu): batches of 33 or more tokens agree with
- * each other to the bit, not with a token decoded alone. F16 caches of block size 16,
- * head sizes 64 and 128, up to 16 query heads per KV head; anything else takes the
- * scalar kernel. */
+ * How a token is split and which warp takes which block depend only on its own
+ * position and window, and the merge orders are fixed: a token's result never depends
+ * on the batch around it, whatever the batch size. It differs from the scalar
+ * kernel's (F32 caches, other head sizes, larger groups) by f16 rounding of the
+ * softmax weights, as the CPU reference rounds them. F16 caches of block size 16,
+ * head sizes 64 and 128, up to 16 query heads per KV head. */
+#include "backend/cuda/cuda_attention_split.cuh"
 #include "backend/cuda/cuda_attention_tc.cuh"
 
-enum { DEC_WARPS = 4, DEC_THREADS = 32 * DEC_WARPS, DEC_MAX_GROUP = 16 };
+enum { DEC_WARPS = 4, DEC_THREADS = 32 * DEC_WARPS, DEC_MAX_GROUP = 16, DEC_SPLIT_KB = 16 };
 
 template <int HD>
 __global__ void __launch_bounds__(DEC_THREADS)
     attn_dec_kernel(const int32_t *__restrict__ meta, int n, int n_head, int n_head_kv, int group, int64_t d_kv,
                     const __half *__restrict__ K, const __half *__restrict__ V, const float *__restrict__ q,
-                    int64_t window, float scale, float *__restrict__ out, __nv_bfloat16 *__restrict__ outb) {
+                    int64_t window, float scale, int max_splits, float *__restrict__ out,
+                    __nv_bfloat16 *__restrict__ outb, float *__restrict__ part, int *__restrict__ counts) {
     __shared__ float o_sh[DEC_WARPS][DEC_MAX_GROUP][HD + 1]; /* +1: rows fall in other banks */
     __shared__ float ml_sh[DEC_WARPS][DEC_MAX_GROUP][2];
+    __shared__ int last_sh;
     lm_pdl_enter();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c2 = 2 * (lane & 3);
-    const int t = blockIdx.x / n_head_kv, hk = blockIdx.x % n_head_kv, h0 = hk * group;
+    const int t = blockIdx.x / n_head_kv, hk = blockIdx.x % n_head_kv, h0 = hk * group, split = blockIdx.y;
     const int p = meta[t], p_lo = window > 0 && p - window + 1 > 0 ? (int)(p - window + 1) : 0;
     const int pos[2] = {p, p}, lo[2] = {p_lo, p_lo};
+    const int kb_lo = p_lo / TC_ROWS, kb_last = p / TC_ROWS, n_split = (kb_last - kb_lo) / DEC_SPLIT_KB + 1;
+    if (split >= n_split) return; /* a recorded pass's grid holds its longest context */
+    const int kb_begin = kb_lo + split * DEC_SPLIT_KB, kb_end = min(kb_last, kb_begin + DEC_SPLIT_KB - 1);
     /* the group's query heads as A fragments, rounded to f16 as the keys */
     uint32_t qa[HD / 16][4];
 #pragma unroll
@@ -54,17 +61,18 @@ __global__ void __launch_bounds__(DEC_THREADS)
 
     const int32_t *table = meta + meta[n + t];
     const int64_t head_off = (int64_t)hk * HD;
-    const int kb_first = p_lo / TC_ROWS + warp, kb_last = p / TC_ROWS;
+    const int kb_first = kb_begin + warp;
     uint32_t kf[HD / 16][2][2];
-    if (kb_first <= kb_last) load_keys<HD>(K, table, kb_first, d_kv, head_off, g, c2, kf);
-    for (int kb = kb_first; kb <= kb_last; kb += DEC_WARPS) {
-        const int next = kb + DEC_WARPS <= kb_last ? kb + DEC_WARPS : -1;
+    if (kb_first <= kb_end) load_keys<HD>(K, table, kb_first, d_kv, head_off, g, c2, kf);
+    for (int kb = kb_first; kb <= kb_end; kb += DEC_WARPS) {
+        const int next = kb + DEC_WARPS <= kb_end ? kb + DEC_WARPS : -1;
         tc_attend_block<HD>(K, V, table, kb, next, p - kb * TC_ROWS, d_kv, head_off, g, c2, qa, kf, lo, pos, scale,
                             m, l, o);
     }
 
     /* each warp's state, then the warps merged in warp order (a warp without blocks:
-     * max -inf, weight 0) */
+     * max -inf, weight 0): the output, or with several splits this split's state
+     * (max, sum, unnormalized output) for merge_if_last */
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         const int r = g + 8 * i;
@@ -91,31 +99,39 @@ __global__ void __launch_bounds__(DEC_THREADS)
             L = fmaf(ml_sh[w][r][1], c, L);
             O = fmaf(o_sh[w][r][d], c, O);
         }
-        const int64_t i = ((int64_t)t * n_head + h0 + r) * HD + d;
-        const float v = O / L;
-        out[i] = v;
-        if (outb) outb[i] = __float2bfloat16_rn(v);
+        if (n_split == 1) {
+            store_out(out, outb, ((int64_t)t * n_head + h0 + r) * HD + d, O / L);
+        } else {
+            float *pp = part + (((size_t)t * n_head + h0 + r) * max_splits + split) * (HD + 2);
+            if (d == 0) pp[0] = M, pp[1] = L;
+            pp[2 + d] = O;
+        }
     }
+    if (n_split > 1)
+        merge_if_last<HD / 32, DEC_WARPS>(part, out, outb, counts, blockIdx.x, t, n_head, h0, group, HD, n_split,
+                                          max_splits, &last_sh);
 }
 
-bool lm_cuda_attention_dec(lm_cuda_backend *cu, const lm_kv_cache *kv, int64_t layer, const lm_attn_batch *batch,
+bool lm_cuda_attention_dec_supports(const lm_kv_cache *kv, int64_t n_head, int64_t n_head_kv, int64_t head_dim) {
+    return kv->type == LM_DTYPE_F16 && kv->block_size == TC_ROWS && (head_dim == 64 || head_dim == 128) &&
+           n_head / n_head_kv <= DEC_MAX_GROUP;
+}
+
+void lm_cuda_attention_dec(lm_cuda_backend *cu, const lm_kv_cache *kv, int64_t layer, const lm_attn_batch *batch,
                            const int32_t *meta, const float *q, int64_t n_head, int64_t n_head_kv, int64_t head_dim,
-                           int64_t window, float scale, float *out, __nv_bfloat16 *outb) {
+                           int64_t window, float scale, int max_splits, float *out, __nv_bfloat16 *outb, float *part,
+                           int *counts) {
     const int64_t n = batch->n_tokens, group = n_head / n_head_kv;
-    if (n <= cu->tc_max_n || n <= cu->mv_max_n || kv->type != LM_DTYPE_F16 || kv->block_size != TC_ROWS ||
-        (head_dim != 64 && head_dim != 128) || group > DEC_MAX_GROUP || n * n_head_kv > INT32_MAX)
-        return false;
     const int64_t d_kv = kv->n_embd_kv;
     const size_t layer_off = (size_t)(layer * kv->n_blocks * kv->block_size * d_kv) * kv->elem_size;
     const __half *K = (const __half *)((const uint8_t *)kv->k + layer_off);
     const __half *V = (const __half *)((const uint8_t *)kv->v + layer_off);
-    const unsigned grid = (unsigned)(n * n_head_kv);
+    const dim3 grid((unsigned)(n * n_head_kv), (unsigned)max_splits);
     if (head_dim == 64)
         lm_cuda_launch(cu, attn_dec_kernel<64>, grid, DEC_THREADS, meta, (int)n, (int)n_head, (int)n_head_kv,
-                       (int)group, d_kv, K, V, q, window, scale, out, outb);
+                       (int)group, d_kv, K, V, q, window, scale, max_splits, out, outb, part, counts);
     else
         lm_cuda_launch(cu, attn_dec_kernel<128>, grid, DEC_THREADS, meta, (int)n, (int)n_head, (int)n_head_kv,
-                       (int)group, d_kv, K, V, q, window, scale, out, outb);
+                       (int)group, d_kv, K, V, q, window, scale, max_splits, out, outb, part, counts);
     lm_cuda_launched(cu, "attn_dec_kernel");
-    return true;
 }

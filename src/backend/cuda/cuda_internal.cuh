@@ -381,12 +381,15 @@ bool lm_cuda_attention_tc(lm_cuda_backend *cu, const lm_kv_cache *kv, int64_t la
                           const int32_t *meta, const float *q, int64_t n_head, int64_t n_head_kv, int64_t head_dim,
                           int64_t window, float scale, float *out,
                           __nv_bfloat16 *outb);
-/* Tensor-core attention of decode batches of more than tc_max_n tokens
- * (cuda_attention_dec.cu): false when the batch or cache is not for it; true when
- * launched or failed (error recorded). */
-bool lm_cuda_attention_dec(lm_cuda_backend *cu, const lm_kv_cache *kv, int64_t layer, const lm_attn_batch *batch,
+/* Tensor-core decode attention (cuda_attention_dec.cu): whether it serves this cache
+ * and these heads; the launch over a grid of max_splits splits (part and counts: the
+ * scalar kernel's scratch, enough for it; NULL when max_splits is 1). Errors are
+ * recorded. */
+bool lm_cuda_attention_dec_supports(const lm_kv_cache *kv, int64_t n_head, int64_t n_head_kv, int64_t head_dim);
+void lm_cuda_attention_dec(lm_cuda_backend *cu, const lm_kv_cache *kv, int64_t layer, const lm_attn_batch *batch,
                            const int32_t *meta, const float *q, int64_t n_head, int64_t n_head_kv, int64_t head_dim,
-                           int64_t window, float scale, float *out, __nv_bfloat16 *outb);
+                           int64_t window, float scale, int max_splits, float *out, __nv_bfloat16 *outb, float *part,
+                           int *counts);
 lm_status lm_cuda_pass_begin(lm_backend *b, uint64_t key, const struct lm_kv_cache *kv, const lm_attn_batch *batch);
 lm_status lm_cuda_pass_end(lm_backend *b);
 void lm_cuda_graphs_free(lm_cuda_backend *cu);
