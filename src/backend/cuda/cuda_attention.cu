@@ -1,7 +1,7 @@
-/* Causal attention over the paged KV cache: what the tensor-core kernels do not take
- * (prefill runs of 16 positions: cuda_attention_tc.cu; every other batch with an F16
- * cache, head sizes 64 and 128: cuda_attention_dec.cu), so F32 caches and other head
- * sizes.
+/* Causal attention over the paged KV cache: decode, small batches and recorded
+ * passes (prefill runs of 16 positions take the tensor-core kernel,
+ * cuda_attention_tc.cu, and other batches of more than tc_max_n tokens the
+ * tensor-core decode kernel, cuda_attention_dec.cu, where they serve the cache).
  *
  * A block takes one (token, KV head, chunk of up to ATT_HEADS of the query heads
  * sharing that KV head, split). A split is ATT_SPLIT positions of the token's
@@ -311,7 +311,7 @@ extern "C" lm_status lm_cuda_attention(lm_backend *b, const lm_kv_cache *kv, int
         counts = (int *)lm_cuda_scratch(cu, LM_CUDA_SCR_COUNTS, (size_t)items * sizeof(int));
         if (!part || !counts) return in_pass ? LM_OK : lm_cuda_take_error(cu);
     }
-    if (lm_cuda_attention_dec_supports(kv, n_head, n_head_kv, head_dim)) {
+    if (n > cu->tc_max_n && n > cu->mv_max_n && lm_cuda_attention_dec_supports(kv, n_head, n_head_kv, head_dim)) {
         lm_cuda_attention_dec(cu, kv, layer, batch, meta, q, n_head, n_head_kv, head_dim, window, scale, max_splits,
                               out, outb, part, counts);
         return in_pass ? LM_OK : lm_cuda_take_error(cu);

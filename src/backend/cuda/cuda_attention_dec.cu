@@ -1,6 +1,6 @@
 /* Decode attention on the tensor cores (mma.sync m16n8k16, f16 inputs, f32
- * accumulation): every batch that is not a prefill run (cuda_attention_tc.cu), from
- * one sequence to hundreds.
+ * accumulation) for batches of more than tc_max_n tokens that are not prefill runs
+ * (cuda_attention_tc.cu).
  *
  * A block takes one (token, KV head, split): the query heads sharing that KV head are
  * the rows of the products (up to 16; rows past the group are zeros, computed and
@@ -14,14 +14,16 @@
  * last to finish merges them in split order (merge_if_last), so a long context at
  * batch 1 still spreads over the GPU. (The scalar kernel took 16 us a layer at 64
  * sequences of ~200 positions and 40 us at 256 on the H200, bound by its instructions;
- * this one 11.5 us at 64.)
+ * this one 11.5 us at 64. At 1 and 8 sequences it was slower than the scalar kernel:
+ * 593 vs 605 and 3,301 vs 3,368 tokens/s, so small batches keep that one.)
  *
  * How a token is split and which warp takes which block depend only on its own
  * position and window, and the merge orders are fixed: a token's result never depends
- * on the batch around it, whatever the batch size. It differs from the scalar
- * kernel's (F32 caches, other head sizes, larger groups) by f16 rounding of the
- * softmax weights, as the CPU reference rounds them. F16 caches of block size 16,
- * head sizes 64 and 128, up to 16 query heads per KV head. */
+ * on the batch around it, within this path. It differs from the scalar kernel's by f16
+ * rounding of the softmax weights (as the CPU reference rounds them), ~1e-3 relative,
+ * so it serves only batches of more than tc_max_n tokens, the size from which the
+ * products change path too (cuda_matmul.cu). F16 caches of block size 16, head sizes
+ * 64 and 128, up to 16 query heads per KV head. */
 #include "backend/cuda/cuda_attention_split.cuh"
 #include "backend/cuda/cuda_attention_tc.cuh"
 
