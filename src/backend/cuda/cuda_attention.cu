@@ -311,7 +311,7 @@ extern "C" lm_status lm_cuda_attention(lm_backend *b, const lm_kv_cache *kv, int
         counts = (int *)lm_cuda_scratch(cu, LM_CUDA_SCR_COUNTS, (size_t)items * sizeof(int));
         if (!part || !counts) return in_pass ? LM_OK : lm_cuda_take_error(cu);
     }
-    if (n > cu->tc_max_n && n > cu->mv_max_n && lm_cuda_attention_dec_supports(kv, n_head, n_head_kv, head_dim)) {
+    if (n >= cu->attn_dec_min_n && lm_cuda_attention_dec_supports(kv, n_head, n_head_kv, head_dim)) {
         lm_cuda_attention_dec(cu, kv, layer, batch, meta, q, n_head, n_head_kv, head_dim, window, scale, max_splits,
                               out, outb, part, counts);
         return in_pass ? LM_OK : lm_cuda_take_error(cu);
