@@ -19,11 +19,15 @@
  *
  * How a token is split and which warp takes which block depend only on its own
  * position and window, and the merge orders are fixed: a token's result never depends
- * on the batch around it, within this path. It differs from the scalar kernel's by f16
- * rounding of the softmax weights (as the CPU reference rounds them), ~1e-3 relative,
- * so it serves only batches of more than tc_max_n tokens, the size from which the
- * products change path too (cuda_matmul.cu). F16 caches of block size 16, head sizes
- * 64 and 128, up to 16 query heads per KV head. */
+ * on the batch around it, within this path. The softmax weights go through the
+ * products as two f16 parts (tc_softmax_block's P32), so the result differs from the
+ * scalar kernel's f32 weights by summation order only: with the weights rounded to
+ * f16 (as the prefill kernel and the CPU reference round them), the real SmolLM2's
+ * greedy outputs of 32 prompts generated together differed from alone at top-two
+ * gaps up to 0.063, against 0.045 with the scalar kernel. It serves batches of more
+ * than tc_max_n tokens, the size from which the products change path too
+ * (cuda_matmul.cu); LUMEN_CUDA_ATTN_DEC sets the size (0: never). F16 caches of block
+ * size 16, head sizes 64 and 128, up to 16 query heads per KV head. */
 #include "backend/cuda/cuda_attention_split.cuh"
 #include "backend/cuda/cuda_attention_tc.cuh"
 
@@ -68,8 +72,8 @@ __global__ void __launch_bounds__(DEC_THREADS)
     if (kb_first <= kb_end) load_keys<HD>(K, table, kb_first, d_kv, head_off, g, c2, kf);
     for (int kb = kb_first; kb <= kb_end; kb += DEC_WARPS) {
         const int next = kb + DEC_WARPS <= kb_end ? kb + DEC_WARPS : -1;
-        tc_attend_block<HD>(K, V, table, kb, next, p - kb * TC_ROWS, d_kv, head_off, g, c2, qa, kf, lo, pos, scale,
-                            m, l, o);
+        tc_attend_block<HD, true>(K, V, table, kb, next, p - kb * TC_ROWS, d_kv, head_off, g, c2, qa, kf, lo, pos,
+                                  scale, m, l, o);
     }
 
     /* each warp's state, then the warps merged in warp order (a warp without blocks:

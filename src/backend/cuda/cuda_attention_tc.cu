@@ -63,8 +63,8 @@ __global__ void __launch_bounds__(32)
     uint32_t kf[tc_early(HD) ? HD / 16 : 1][2][2];
     if constexpr (tc_early(HD)) load_keys<HD>(K, table, kb_first, d_kv, head_off, g, c2, kf);
     for (int kb = kb_first; kb <= kb_last; kb++)
-        tc_attend_block<HD>(K, V, table, kb, kb < kb_last ? kb + 1 : -1, last_pos - kb * TC_ROWS, d_kv, head_off, g,
-                            c2, qa, kf, lo, pos, scale, m, l, o);
+        tc_attend_block<HD, false>(K, V, table, kb, kb < kb_last ? kb + 1 : -1, last_pos - kb * TC_ROWS, d_kv,
+                                   head_off, g, c2, qa, kf, lo, pos, scale, m, l, o);
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         const int r = g + 8 * i;

@@ -65,13 +65,16 @@ __device__ __forceinline__ void load_value_frag(const __half *__restrict__ Vb, i
 /* The online softmax of one KV block's scores s (two n8 tiles, the accumulator layout:
  * row g + 8 i in entries 2i, 2i + 1) for this thread's rows g and g + 8, whose keys
  * lie in [lo[i], pos[i]]: the running max m and sum l updated, the output o rescaled,
- * and the weights P rounded to f16 (as the CPU reference rounds its softmax weights)
- * as the A fragment pa of O += P V. A row's 16 scores sit in the 4 lanes of its quad;
- * l sums the weights actually applied. */
-template <int HD>
+ * and the weights P as the A fragment pa of O += P V. A row's 16 scores sit in the 4
+ * lanes of its quad; l sums the weights actually applied. P32 false: P rounded to f16,
+ * as the CPU reference rounds its softmax weights. P32 true: P kept to about f32
+ * precision as two f16 parts, pa (the weight rounded) and pa_lo (what rounding lost),
+ * each taken through the product: the result then differs from the scalar kernel's
+ * f32 weights by summation order only. */
+template <int HD, bool P32>
 __device__ __forceinline__ void tc_softmax_block(const float s[2][4], int kb, const int lo[2], const int pos[2],
                                                  float scale, int c2, float m[2], float l[2], float o[HD / 8][4],
-                                                 uint32_t pa[4]) {
+                                                 uint32_t pa[4], uint32_t pa_lo[4]) {
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         float sv[4];
@@ -88,12 +91,18 @@ __device__ __forceinline__ void tc_softmax_block(const float s[2][4], int kb, co
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         mx = fmaxf(mx, m[i]);
         const float corr = m[i] == -INFINITY ? 0.0f : expf(m[i] - mx);
-        __half ph[4];
+        __half ph[4], pl[4];
         float sum = 0.0f;
 #pragma unroll
         for (int k = 0; k < 4; k++) {
-            ph[k] = __float2half_rn(sv[k] == -INFINITY ? 0.0f : expf(sv[k] - mx));
-            sum += __half2float(ph[k]);
+            const float e = sv[k] == -INFINITY ? 0.0f : expf(sv[k] - mx);
+            ph[k] = __float2half_rn(e);
+            if constexpr (P32) {
+                pl[k] = __float2half_rn(e - __half2float(ph[k]));
+                sum += e;
+            } else {
+                sum += __half2float(ph[k]);
+            }
         }
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
@@ -103,6 +112,7 @@ __device__ __forceinline__ void tc_softmax_block(const float s[2][4], int kb, co
         for (int j = 0; j < HD / 8; j++) o[j][2 * i] *= corr, o[j][2 * i + 1] *= corr;
         pa[i] = pack_halves(ph[0], ph[1]);     /* keys c2, c2+1      (n tile 0) */
         pa[2 + i] = pack_halves(ph[2], ph[3]); /* keys 8+c2, 8+c2+1 (n tile 1) */
+        if constexpr (P32) pa_lo[i] = pack_halves(pl[0], pl[1]), pa_lo[2 + i] = pack_halves(pl[2], pl[3]);
     }
 }
 
@@ -111,12 +121,13 @@ __device__ __forceinline__ void tc_softmax_block(const float s[2][4], int kb, co
 __host__ __device__ constexpr bool tc_early(int hd) { return hd <= 128; }
 
 /* KV block kb (keys [0, valid] of it exist) through this warp's query rows qa: S =
- * Q K^T (two n8 tiles), the online softmax (tc_softmax_block), O += P V. With
+ * Q K^T (two n8 tiles), the online softmax (tc_softmax_block, P32 as there), O += P V.
+ * With
  * tc_early(HD), kf holds kb's keys as B fragments on entry and block `next`'s on exit
  * (next < 0: none), loaded while this block's scores and softmax are computed, and
  * the values are loaded as the block starts: a block costs about one trip to memory
  * instead of two after each other. */
-template <int HD>
+template <int HD, bool P32>
 __device__ __forceinline__ void tc_attend_block(const __half *__restrict__ K, const __half *__restrict__ V,
                                                 const int32_t *table, int kb, int next, int valid, int64_t d_kv,
                                                 int64_t head_off, int g, int c2, const uint32_t qa[HD / 16][4],
@@ -145,17 +156,21 @@ __device__ __forceinline__ void tc_attend_block(const __half *__restrict__ K, co
                 mma16816(s[nt], qa[kc], *(const uint32_t *)kr, *(const uint32_t *)(kr + 8));
             }
     }
-    uint32_t pa[4];
-    tc_softmax_block<HD>(s, kb, lo, pos, scale, c2, m, l, o, pa);
+    uint32_t pa[4], pa_lo[4];
+    tc_softmax_block<HD, P32>(s, kb, lo, pos, scale, c2, m, l, o, pa, pa_lo);
     if constexpr (early) {
 #pragma unroll
-        for (int j = 0; j < HD / 8; j++) mma16816(o[j], pa, vf[j][0], vf[j][1]);
+        for (int j = 0; j < HD / 8; j++) {
+            mma16816(o[j], pa, vf[j][0], vf[j][1]);
+            if constexpr (P32) mma16816(o[j], pa_lo, vf[j][0], vf[j][1]);
+        }
     } else {
 #pragma unroll
         for (int j = 0; j < HD / 8; j++) {
             uint32_t b0, b1;
             load_value_frag(Vb, j, valid, d_kv, g, c2, &b0, &b1);
             mma16816(o[j], pa, b0, b1);
+            if constexpr (P32) mma16816(o[j], pa_lo, b0, b1);
         }
     }
 }
