@@ -719,8 +719,8 @@ static void run_attention_case(const attn_case *ac) {
         } else if (bi == 2) {
             /* a token's result does not depend on the batch around it: the first 40
              * tokens alone give the same bits, and where this batch does not take the
-             * tensor-core decode kernel (F16, head size 64/128, more than tc_max_n
-             * tokens), the decode batch of 3 gives them too */
+             * tensor-core decode kernel (F16, head size 64/128, a decode batch of more
+             * than tc_max_n tokens), the decode batch of 3 gives them too */
             bool dec = ac->type == LM_DTYPE_F16 && (ac->hd == 64 || ac->hd == 128) && n > g_tc_max_n &&
                        n > g_mv_max_n && ac->n_head / ac->n_head_kv <= 16;
             if (!dec) CHECK(bit_equal(got, dec_out, N_SEQ * d_q));

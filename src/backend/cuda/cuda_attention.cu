@@ -257,6 +257,15 @@ __global__ void __launch_bounds__(ATT_THREADS)
     merge_if_last<DPL, ATT_WARPS>(part, out, outb, counts, item, t, n_head, h0, nh, hd, n_split, max_splits, &last_sh);
 }
 
+/* No token continues the one before it in its sequence: a batch of decode steps, not
+ * one holding a prompt's chunk (which the engine's batches of prefill and decode
+ * mixed do: those keep the scalar kernel, as a prompt decoded alone does). */
+static bool decode_batch(const lm_attn_batch *batch) {
+    for (int64_t t = 1; t < batch->n_tokens; t++)
+        if (batch->seq[t] == batch->seq[t - 1] && batch->pos[t] == batch->pos[t - 1] + 1) return false;
+    return true;
+}
+
 int lm_cuda_attn_max_splits(const lm_attn_batch *batch, int64_t window) {
     int max_splits = 1;
     for (int64_t t = 0; t < batch->n_tokens; t++) {
@@ -311,7 +320,8 @@ extern "C" lm_status lm_cuda_attention(lm_backend *b, const lm_kv_cache *kv, int
         counts = (int *)lm_cuda_scratch(cu, LM_CUDA_SCR_COUNTS, (size_t)items * sizeof(int));
         if (!part || !counts) return in_pass ? LM_OK : lm_cuda_take_error(cu);
     }
-    if (n >= cu->attn_dec_min_n && lm_cuda_attention_dec_supports(kv, n_head, n_head_kv, head_dim)) {
+    if (n >= cu->attn_dec_min_n && lm_cuda_attention_dec_supports(kv, n_head, n_head_kv, head_dim) &&
+        decode_batch(batch)) {
         lm_cuda_attention_dec(cu, kv, layer, batch, meta, q, n_head, n_head_kv, head_dim, window, scale, max_splits,
                               out, outb, part, counts);
         return in_pass ? LM_OK : lm_cuda_take_error(cu);

@@ -1,6 +1,7 @@
 /* Decode attention on the tensor cores (mma.sync m16n8k16, f16 inputs, f32
- * accumulation) for batches of more than tc_max_n tokens that are not prefill runs
- * (cuda_attention_tc.cu).
+ * accumulation) for decode batches of more than tc_max_n tokens (no token continues
+ * the one before it in its sequence; prompt chunks go to cuda_attention_tc.cu or the
+ * scalar kernel).
  *
  * A block takes one (token, KV head, split): the query heads sharing that KV head are
  * the rows of the products (up to 16; rows past the group are zeros, computed and
@@ -21,13 +22,15 @@
  * position and window, and the merge orders are fixed: a token's result never depends
  * on the batch around it, within this path. The softmax weights go through the
  * products as two f16 parts (tc_softmax_block's P32), so the result differs from the
- * scalar kernel's f32 weights by summation order only: with the weights rounded to
- * f16 (as the prefill kernel and the CPU reference round them), the real SmolLM2's
- * greedy outputs of 32 prompts generated together differed from alone at top-two
- * gaps up to 0.063, against 0.045 with the scalar kernel. It serves batches of more
- * than tc_max_n tokens, the size from which the products change path too
- * (cuda_matmul.cu); LUMEN_CUDA_ATTN_DEC sets the size (0: never). F16 caches of block
- * size 16, head sizes 64 and 128, up to 16 query heads per KV head. */
+ * scalar kernel's f32 weights by summation order only. It serves decode batches of
+ * more than tc_max_n tokens, the size from which the products change path too
+ * (cuda_matmul.cu); LUMEN_CUDA_ATTN_DEC sets the size (0: never). Serving the engine's
+ * mixed batches of prompt chunks and decode steps as well, it moved which of the real
+ * SmolLM2's 32 prompts generated together differ from alone (golden_engine): 4-5 of
+ * 32 at top-two gaps up to 0.063 (with the weights in f16 or as two parts alike),
+ * against 2-3 at up to 0.045 with the scalar kernel there, over the 0.05 bound; so
+ * those batches keep the scalar kernel. F16 caches of block size 16, head sizes 64
+ * and 128, up to 16 query heads per KV head. */
 #include "backend/cuda/cuda_attention_split.cuh"
 #include "backend/cuda/cuda_attention_tc.cuh"
 
