@@ -9,8 +9,10 @@
  *   ./bench_cuda_gemm [reps]
  *
  * Prints, per shape and column count: the default's microseconds, the best cuBLASLt
- * algorithm's, its configuration (tile, split-K, reduction scheme, stages) and the
- * weight bytes per second it reaches. */
+ * algorithm's, the weight bytes per second it reaches and its configuration (tile,
+ * split-K, reduction scheme, stages); the heuristic's first algorithm's time; and the
+ * best time with split-K (2-16 parts, deterministic reductions) forced onto each
+ * offered algorithm. Not built by CMake: a stand-alone tool for the GPU machine. */
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -125,7 +127,8 @@ int main(int argc, char **argv) {
     CK(cudaMalloc(&c.x, (size_t)512 * 8960 * 2));
     CK(cudaMalloc(&c.y, (size_t)512 * 151936 * 4));
     fill_kernel<<<1024, 256, 0, c.st>>>(c.x, (size_t)512 * 8960, 7u);
-    printf("%-8s %4s %9s %9s %7s %6s  %s\n", "shape", "n", "default", "best-lt", "TB/s", "algos", "best: tile splitk red stages");
+    printf("%-8s %4s %9s %9s %7s %6s  %s\n", "shape", "n", "default", "best-lt", "TB/s", "algos",
+           "best: tile splitk red stages; heuristic #0; best with split-K forced");
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         const size_t wbytes = (size_t)shapes[s].rows * shapes[s].cols * 2;
         c.n_copies = (int)((L2_SPAN + wbytes - 1) / wbytes);
@@ -172,7 +175,8 @@ int main(int argc, char **argv) {
                     for (size_t ri = 0; ri < 2; ri++) {
                         cublasLtMatmulAlgo_t al = res[a].algo;
                         const uint32_t sk = (uint32_t)splits[si], rd = reds[ri];
-                        if (cublasLtMatmulAlgoConfigSetAttribute(&al, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &sk, sizeof sk) ||
+                        if (cublasLtMatmulAlgoConfigSetAttribute(&al, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &sk,
+                                                                 sizeof sk) ||
                             cublasLtMatmulAlgoConfigSetAttribute(&al, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &rd,
                                                                  sizeof rd))
                             continue;
@@ -188,12 +192,15 @@ int main(int argc, char **argv) {
                     }
             }
             const float t_first = got > 0 ? (c.algo = &res[0].algo, time_loop(c.st, reps, run_lt, &c)) : 0;
-            printf("%-8s %4d %8.1fu %8.1fu %7.2f %6d  #%d tile=%d splitk=%d red=%d stages=%d (heuristic #0: %.1fu) split: %.1fu tile=%d k=%d red=%d\n",
+            char split[64] = "none offered";
+            if (best_s < 1e29f)
+                snprintf(split, sizeof split, "%.1fu (tile %d, split %d, reduction %d)", best_s, bs_tile, bs_k, bs_red);
+            printf("%-8s %4d %8.1fu %8.1fu %7.2f %6d  #%d tile=%d splitk=%d red=%d stages=%d; %.1fu; %s\n",
                    shapes[s].name, c.n, t_def, best, wbytes / (best * 1e-6) / 1e12, got, bi,
                    bi >= 0 ? cfg(&res[bi].algo, CUBLASLT_ALGO_CONFIG_TILE_ID) : -1,
                    bi >= 0 ? cfg(&res[bi].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM) : -1,
                    bi >= 0 ? cfg(&res[bi].algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME) : -1,
-                   bi >= 0 ? cfg(&res[bi].algo, CUBLASLT_ALGO_CONFIG_STAGES_ID) : -1, t_first, best_s, bs_tile, bs_k, bs_red);
+                   bi >= 0 ? cfg(&res[bi].algo, CUBLASLT_ALGO_CONFIG_STAGES_ID) : -1, t_first, split);
             fflush(stdout);
             cublasLtMatmulPreferenceDestroy(pref);
             cublasLtMatrixLayoutDestroy(c.la);

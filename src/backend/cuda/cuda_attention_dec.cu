@@ -53,20 +53,10 @@ __global__ void __launch_bounds__(DEC_THREADS)
     const int kb_lo = p_lo / TC_ROWS, kb_last = p / TC_ROWS, n_split = (kb_last - kb_lo) / DEC_SPLIT_KB + 1;
     if (split >= n_split) return; /* a recorded pass's grid holds its longest context */
     const int kb_begin = kb_lo + split * DEC_SPLIT_KB, kb_end = min(kb_last, kb_begin + DEC_SPLIT_KB - 1);
-    /* the group's query heads as A fragments, rounded to f16 as the keys */
+    /* the group's query heads are the rows */
     uint32_t qa[HD / 16][4];
-#pragma unroll
-    for (int kc = 0; kc < HD / 16; kc++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int r = g + 8 * (i & 1), col = kc * 16 + c2 + 8 * (i >> 1);
-            const float *qr = q + ((int64_t)t * n_head + h0 + r) * HD + col;
-            qa[kc][i] = r < group ? pack_half2(qr[0], qr[1]) : 0u;
-        }
-    float o[HD / 8][4];
-#pragma unroll
-    for (int j = 0; j < HD / 8; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    float o[HD / 8][4], m[2], l[2];
+    tc_start_rows<HD>(q + ((int64_t)t * n_head + h0) * HD, HD, group, g, c2, qa, o, m, l);
 
     const int32_t *table = meta + meta[n + t];
     const int64_t head_off = (int64_t)hk * HD;

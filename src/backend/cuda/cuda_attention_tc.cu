@@ -40,20 +40,10 @@ __global__ void __launch_bounds__(32)
         pos[i] = r < cnt ? meta[t0 + r] : -1;
         lo[i] = window > 0 && pos[i] - window + 1 > 0 ? (int)(pos[i] - window + 1) : 0;
     }
-    /* Q as A fragments, rounded to f16 (as the scalar kernel rounds it) */
+    /* the tile's positions are the rows (Q rounded to f16 as the scalar kernel rounds it) */
     uint32_t qa[HD / 16][4];
-#pragma unroll
-    for (int kc = 0; kc < HD / 16; kc++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int r = g + 8 * (i & 1), col = kc * 16 + c2 + 8 * (i >> 1);
-            const float *qr = q + ((int64_t)(t0 + r) * n_head + h) * HD + col;
-            qa[kc][i] = r < cnt ? pack_half2(qr[0], qr[1]) : 0u;
-        }
-    float o[HD / 8][4];
-#pragma unroll
-    for (int j = 0; j < HD / 8; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    float o[HD / 8][4], m[2], l[2];
+    tc_start_rows<HD>(q + ((int64_t)t0 * n_head + h) * HD, (int64_t)n_head * HD, cnt, g, c2, qa, o, m, l);
 
     const int32_t *table = meta + meta[n + t0];
     const int first_pos = meta[t0], last_pos = meta[t0 + cnt - 1];

@@ -33,6 +33,13 @@ __device__ __forceinline__ uint32_t pack_halves(__half lo, __half hi) {
 /* The keys of KV block kb as the B fragments of S = Q K^T: for each 16-dimension
  * slice kc and n8 tile nt, this lane's two registers (key row nt * 8 + g, dimensions
  * kc * 16 + c2.. and + 8..). */
+__device__ __forceinline__ void key_frag(const __half *__restrict__ Kb, int kc, int nt, int64_t d_kv, int g, int c2,
+                                         uint32_t *b0, uint32_t *b1) {
+    const __half *kr = Kb + (int64_t)(nt * 8 + g) * d_kv + kc * 16 + c2;
+    *b0 = *(const uint32_t *)kr;
+    *b1 = *(const uint32_t *)(kr + 8);
+}
+
 template <int HD>
 __device__ __forceinline__ void load_keys(const __half *__restrict__ K, const int32_t *table, int kb, int64_t d_kv,
                                           int64_t head_off, int g, int c2, uint32_t kf[HD / 16][2][2]) {
@@ -40,11 +47,26 @@ __device__ __forceinline__ void load_keys(const __half *__restrict__ K, const in
 #pragma unroll
     for (int kc = 0; kc < HD / 16; kc++)
 #pragma unroll
-        for (int nt = 0; nt < 2; nt++) {
-            const __half *kr = Kb + (int64_t)(nt * 8 + g) * d_kv + kc * 16 + c2;
-            kf[kc][nt][0] = *(const uint32_t *)kr;
-            kf[kc][nt][1] = *(const uint32_t *)(kr + 8);
+        for (int nt = 0; nt < 2; nt++) key_frag(Kb, kc, nt, d_kv, g, c2, &kf[kc][nt][0], &kf[kc][nt][1]);
+}
+
+/* This thread's A fragments of 16 query rows, row r at base + r * stride (rows from
+ * `valid` on are zeros), rounded to f16 as the keys; and the empty output state. */
+template <int HD>
+__device__ __forceinline__ void tc_start_rows(const float *__restrict__ base, int64_t stride, int valid, int g, int c2,
+                                              uint32_t qa[HD / 16][4], float o[HD / 8][4], float m[2], float l[2]) {
+#pragma unroll
+    for (int kc = 0; kc < HD / 16; kc++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int r = g + 8 * (i & 1), col = kc * 16 + c2 + 8 * (i >> 1);
+            const float *qr = base + r * stride + col;
+            qa[kc][i] = r < valid ? pack_half2(qr[0], qr[1]) : 0u;
         }
+#pragma unroll
+    for (int j = 0; j < HD / 8; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    m[0] = m[1] = -INFINITY;
+    l[0] = l[1] = 0.0f;
 }
 
 /* Value rows c2, c2 + 1 and c2 + 8, c2 + 9 of dimension j * 8 + g of a KV block as
@@ -152,8 +174,9 @@ __device__ __forceinline__ void tc_attend_block(const __half *__restrict__ K, co
         for (int kc = 0; kc < HD / 16; kc++)
 #pragma unroll
             for (int nt = 0; nt < 2; nt++) {
-                const __half *kr = Kb + (int64_t)(nt * 8 + g) * d_kv + kc * 16 + c2;
-                mma16816(s[nt], qa[kc], *(const uint32_t *)kr, *(const uint32_t *)(kr + 8));
+                uint32_t b0, b1;
+                key_frag(Kb, kc, nt, d_kv, g, c2, &b0, &b1);
+                mma16816(s[nt], qa[kc], b0, b1);
             }
     }
     uint32_t pa[4], pa_lo[4];

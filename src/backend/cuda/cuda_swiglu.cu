@@ -3,18 +3,21 @@
 
 /* four elements a thread with 16-byte loads (a prompt's gate/up rows are 55 MB a
  * layer of a 1.5B model: scalar loads left the kernel at half the memory rate) */
+/* out[i] = silu(g) * u for four elements, and in bf16 at outb[i] (outb may be NULL) */
+__device__ __forceinline__ void swiglu4_store(float4 g, float4 u, float4 *out, uint2 *outb, int64_t i) {
+    const float4 o =
+        make_float4(lm_swiglu1(g.x, u.x), lm_swiglu1(g.y, u.y), lm_swiglu1(g.z, u.z), lm_swiglu1(g.w, u.w));
+    out[i] = o;
+    if (outb) {
+        const __nv_bfloat162 lo = __floats2bfloat162_rn(o.x, o.y), hi = __floats2bfloat162_rn(o.z, o.w);
+        outb[i] = make_uint2(*(const uint32_t *)&lo, *(const uint32_t *)&hi);
+    }
+}
+
 __global__ void swiglu4_kernel(const float4 *gate, const float4 *up, int64_t n4, float4 *out, uint2 *outb) {
     lm_pdl_enter();
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += (int64_t)gridDim.x * blockDim.x) {
-        const float4 g = gate[i], u = up[i];
-        const float4 o =
-            make_float4(lm_swiglu1(g.x, u.x), lm_swiglu1(g.y, u.y), lm_swiglu1(g.z, u.z), lm_swiglu1(g.w, u.w));
-        out[i] = o;
-        if (outb) {
-            const __nv_bfloat162 lo = __floats2bfloat162_rn(o.x, o.y), hi = __floats2bfloat162_rn(o.z, o.w);
-            outb[i] = make_uint2(*(const uint32_t *)&lo, *(const uint32_t *)&hi);
-        }
-    }
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += (int64_t)gridDim.x * blockDim.x)
+        swiglu4_store(gate[i], up[i], out, outb, i);
 }
 
 __global__ void swiglu_kernel(const float *gate, const float *up, int64_t n, float *out) {
@@ -38,20 +41,13 @@ extern "C" void lm_cuda_swiglu(lm_backend *b, const float *gate, const float *up
 }
 
 /* The packed gate/up product (cuda_matmul.cu): token t's gate and up are ys[t][0..ff)
- * and ys[t][ff..2ff); four elements a thread, as swiglu4_kernel. */
+ * and ys[t][ff..2ff); four elements a thread. */
 __global__ void swiglu_packed_kernel(const float4 *__restrict__ ys, int64_t ff4, int64_t total4, float4 *out,
                                      uint2 *outb) {
     lm_pdl_enter();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total4; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t t = i / ff4, r = i - t * ff4;
-        const float4 g = ys[2 * t * ff4 + r], u = ys[(2 * t + 1) * ff4 + r];
-        const float4 o =
-            make_float4(lm_swiglu1(g.x, u.x), lm_swiglu1(g.y, u.y), lm_swiglu1(g.z, u.z), lm_swiglu1(g.w, u.w));
-        out[i] = o;
-        if (outb) {
-            const __nv_bfloat162 lo = __floats2bfloat162_rn(o.x, o.y), hi = __floats2bfloat162_rn(o.z, o.w);
-            outb[i] = make_uint2(*(const uint32_t *)&lo, *(const uint32_t *)&hi);
-        }
+        swiglu4_store(ys[2 * t * ff4 + r], ys[(2 * t + 1) * ff4 + r], out, outb, i);
     }
 }
 
