@@ -1,7 +1,8 @@
 /* Causal attention over the paged KV cache: decode, small batches and recorded
  * passes (prefill runs of 16 positions take the tensor-core kernel,
- * cuda_attention_tc.cu, and other batches of more than tc_max_n tokens the
- * tensor-core decode kernel, cuda_attention_dec.cu, where they serve the cache).
+ * cuda_attention_tc.cu, and decode batches of more than tc_max_n tokens the
+ * tensor-core decode kernel, cuda_attention_dec.cu, where it serves the cache; the
+ * engine's mixed batches of prompt chunks and decode steps stay here).
  *
  * A block takes one (token, KV head, chunk of up to ATT_HEADS of the query heads
  * sharing that KV head, split). A split is ATT_SPLIT positions of the token's
