@@ -120,8 +120,9 @@ __global__ void __launch_bounds__(MV_THREADS)
     lm_pdl_enter();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int rpb = (MV_THREADS / 32) / wpr; /* rows per block */
+    const int row = blockIdx.x * rpb + warp / wpr, part = warp % wpr;
     const int t0 = blockIdx.y * NT;
-    const int rows_all = set.end[set.n_w - 1], n_rb = (rows_all + rpb - 1) / rpb;
+    const int rows_all = set.end[set.n_w - 1];
     const float *xr[NT]; /* each token's (normalized) activations */
 #pragma unroll
     for (int t = 0; t < NT; t++) {
@@ -133,89 +134,75 @@ __global__ void __launch_bounds__(MV_THREADS)
         }
     }
     if (nm.on) __syncthreads();
-    __shared__ float red[MV_THREADS / 32][NT];
-    /* the block's groups of rpb rows (a grid smaller than the groups, with the norm
-     * run once per block, takes several) */
-    for (int rb = blockIdx.x; rb < n_rb; rb += gridDim.x) {
-        const int row = rb * rpb + warp / wpr, part = warp % wpr;
-        float acc[NT];
+    float acc[NT];
 #pragma unroll
-        for (int t = 0; t < NT; t++) acc[t] = 0.0f;
-        if (row < rows_all) {
-            int lr;
-            const int k = mv_row_of<SWIGLU>(set, row, &lr);
-            const uint8_t *wr = set.W[k] + (size_t)lr * set.row_bytes[k];
-            /* unrolled so several chunks' loads are in flight at once (one at a time
-             * left a 1536-column row latency-bound); the sums keep their order */
+    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+    if (row < rows_all) {
+        int lr;
+        const int k = mv_row_of<SWIGLU>(set, row, &lr);
+        const uint8_t *wr = set.W[k] + (size_t)lr * set.row_bytes[k];
+        /* unrolled so several chunks' loads are in flight at once (one at a time
+         * left a 1536-column row latency-bound); the sums keep their order */
 #pragma unroll 4
-            for (int c = part * 32 + lane; c < n_chunks; c += wpr * 32) {
-                float w[8];
-                deq8<T>(wr, c, w);
+        for (int c = part * 32 + lane; c < n_chunks; c += wpr * 32) {
+            float w[8];
+            deq8<T>(wr, c, w);
 #pragma unroll
-                for (int t = 0; t < NT; t++) {
-                    if (t0 + t < n) {
-                        const float4 *xp = (const float4 *)xr[t] + 2 * c;
-                        float4 a = xp[0], b = xp[1];
-                        float s = acc[t];
-                        s = fmaf(w[0], a.x, s);
-                        s = fmaf(w[1], a.y, s);
-                        s = fmaf(w[2], a.z, s);
-                        s = fmaf(w[3], a.w, s);
-                        s = fmaf(w[4], b.x, s);
-                        s = fmaf(w[5], b.y, s);
-                        s = fmaf(w[6], b.z, s);
-                        s = fmaf(w[7], b.w, s);
-                        acc[t] = s;
-                    }
+            for (int t = 0; t < NT; t++) {
+                if (t0 + t < n) {
+                    const float4 *xp = (const float4 *)xr[t] + 2 * c;
+                    float4 a = xp[0], b = xp[1];
+                    float s = acc[t];
+                    s = fmaf(w[0], a.x, s);
+                    s = fmaf(w[1], a.y, s);
+                    s = fmaf(w[2], a.z, s);
+                    s = fmaf(w[3], a.w, s);
+                    s = fmaf(w[4], b.x, s);
+                    s = fmaf(w[5], b.y, s);
+                    s = fmaf(w[6], b.z, s);
+                    s = fmaf(w[7], b.w, s);
+                    acc[t] = s;
                 }
             }
         }
+    }
+    __shared__ float red[MV_THREADS / 32][NT];
 #pragma unroll
-        for (int t = 0; t < NT; t++) {
-            float v = acc[t];
+    for (int t = 0; t < NT; t++) {
+        float v = acc[t];
 #pragma unroll
-            for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-            if (lane == 0) red[warp][t] = v;
-        }
-        __syncthreads();
-        if (SWIGLU) { /* a (gate, up) pair of rows per thread and token */
-            if ((int)threadIdx.x < rpb / 2 * NT) {
-                const int pl = threadIdx.x / NT, t = threadIdx.x % NT, r = rb * rpb + 2 * pl;
-                if (r < rows_all && t0 + t < n) {
-                    float g = red[2 * pl * wpr][t], u = red[(2 * pl + 1) * wpr][t];
-                    for (int p = 1; p < wpr; p++) g += red[2 * pl * wpr + p][t];
-                    for (int p = 1; p < wpr; p++) u += red[(2 * pl + 1) * wpr + p][t];
-                    set.y[0][(size_t)(t_base + t0 + t) * set.rows[0] + (r >> 1)] = lm_swiglu1(g, u);
-                }
-            }
-        } else if ((int)threadIdx.x < rpb * NT) {
-            int rl = threadIdx.x / NT, t = threadIdx.x % NT, r = rb * rpb + rl;
+        for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+        if (lane == 0) red[warp][t] = v;
+    }
+    __syncthreads();
+    if (SWIGLU) { /* a (gate, up) pair of rows per thread and token */
+        if ((int)threadIdx.x < rpb / 2 * NT) {
+            const int pl = threadIdx.x / NT, t = threadIdx.x % NT, r = blockIdx.x * rpb + 2 * pl;
             if (r < rows_all && t0 + t < n) {
-                float s = red[rl * wpr][t];
-                for (int p = 1; p < wpr; p++) s += red[rl * wpr + p][t];
-                int lr;
-                const int k = mv_row_of<false>(set, r, &lr);
-                float *yp = set.y[k] + (size_t)(t_base + t0 + t) * set.rows[k] + lr;
-                *yp = add ? __fadd_rn(*yp, s) : s;
+                float g = red[2 * pl * wpr][t], u = red[(2 * pl + 1) * wpr][t];
+                for (int p = 1; p < wpr; p++) g += red[2 * pl * wpr + p][t];
+                for (int p = 1; p < wpr; p++) u += red[(2 * pl + 1) * wpr + p][t];
+                set.y[0][(size_t)(t_base + t0 + t) * set.rows[0] + (r >> 1)] = lm_swiglu1(g, u);
             }
         }
-        if (rb + (int)gridDim.x < n_rb) __syncthreads(); /* red is rewritten */
+        return;
+    }
+    if ((int)threadIdx.x < rpb * NT) {
+        int rl = threadIdx.x / NT, t = threadIdx.x % NT, r = blockIdx.x * rpb + rl;
+        if (r < rows_all && t0 + t < n) {
+            float s = red[rl * wpr][t];
+            for (int p = 1; p < wpr; p++) s += red[rl * wpr + p][t];
+            int lr;
+            const int k = mv_row_of<false>(set, r, &lr);
+            float *yp = set.y[k] + (size_t)(t_base + t0 + t) * set.rows[k] + lr;
+            *yp = add ? __fadd_rn(*yp, s) : s;
+        }
     }
 }
 
 /* warps per row: more for long rows, so every lane has a few chunks to stream; a
  * function of the weight's shape only (never of the batch) */
 static int mv_warps_per_row(int64_t n_chunks) { return n_chunks >= 1024 ? 4 : n_chunks >= 512 ? 2 : 1; }
-
-/* At most as many blocks of `kernel` as the GPU holds at once (one wave). */
-template <typename Kernel>
-static unsigned mv_one_wave_grid(lm_cuda_backend *cu, Kernel kernel, unsigned blocks, size_t smem) {
-    int per_sm = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, MV_THREADS, smem) != cudaSuccess || per_sm < 1)
-        per_sm = 1;
-    const unsigned wave = (unsigned)(cu->n_sm * per_sm);
-    return blocks < wave ? blocks : wave;
-}
 
 /* Tokens per launch group of the matrix-vector kernel for a batch of n. */
 static int mv_group_of(int64_t n) { return n == 1 ? 1 : n == 2 ? 2 : n <= 4 ? 4 : 8; }
@@ -243,16 +230,9 @@ static void launch_mv(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, c
         mv_norm nl = nm;
         if (nl.on) nl.out += t0 * cols;
         const size_t smem = nl.on ? (size_t)nt * cols * sizeof(float) : 0;
-        /* with the norm in the kernel, one wave of blocks (so it runs once per block,
-         * not once per four rows); LUMEN_CUDA_MV_WAVE=1: always (an experiment) */
-        const bool one_wave = nl.on || cu->mv_one_wave;
         switch (nt) {
-#define LM_MV(NT)                                                                                                    \
-    do {                                                                                                             \
-        if (one_wave) grid.x = mv_one_wave_grid(cu, mv_kernel<T, NT, SWIGLU>, grid.x, smem);                        \
-        lm_cuda_launch_smem(cu, mv_kernel<T, NT, SWIGLU>, grid, block, smem, set, n_chunks, cols, xs, nn, tb, wpr,   \
-                            nl, ad);                                                                                 \
-    } while (0)
+#define LM_MV(NT) \
+    lm_cuda_launch_smem(cu, mv_kernel<T, NT, SWIGLU>, grid, block, smem, set, n_chunks, cols, xs, nn, tb, wpr, nl, ad)
         case 1: LM_MV(1); break;
         case 2: LM_MV(2); break;
         case 4: LM_MV(4); break;
