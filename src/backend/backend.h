@@ -94,14 +94,6 @@ typedef struct lm_backend_ops {
     lm_status (*matmul_swiglu)(lm_backend *b, const lm_weight *w_gate, const lm_weight *w_up, const float *x,
                                int64_t n, float *gate, float *up);
 
-    /* Optional fused form (NULL: matmul into a buffer of its own, then add) of a
-     * block's output projection and the residual add after it: y[t][r] += sum_k
-     * W[r][k] * x[t][k]; x [n][cols(W)], y [n][rows(W)], not overlapping. y
-     * bit-identical to matmul then add. The backend may decline a batch (returns
-     * LM_ERR_UNSUPPORTED without an error message, having done nothing) where the
-     * separate ops serve it as well; the caller then runs those. */
-    lm_status (*matmul_residual)(lm_backend *b, const lm_weight *w, const float *x, int64_t n, float *y);
-
     /* y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w; x, y [n][d] (may alias), w [d]. */
     void (*rms_norm)(lm_backend *b, const float *x, const float *w, int64_t n, int64_t d, float eps, float *y);
 

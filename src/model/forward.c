@@ -152,28 +152,6 @@ static void residual_then_norm(lm_backend *b, float *x, const float *r, const fl
     b->ops->rms_norm(b, x, w, n, d, eps, xn);
 }
 
-/* A block's output projection into the residual stream: x += post_norm(W a), then
- * xn = rms_norm(x) * next_norm (next_norm NULL: the add only). The projection adds
- * into x itself where the backend fuses that (no post-norm between), else through tmp
- * and the fused add and norm. */
-static lm_status block_output(lm_backend *b, const lm_weight *w, const float *a, const float *post_norm,
-                              const float *next_norm, const scratch *s, int64_t n, int64_t d, float eps) {
-    const lm_backend_ops *op = b->ops;
-    lm_status st;
-    if (!post_norm && op->matmul_residual) {
-        st = op->matmul_residual(b, w, a, n, s->x);
-        if (st == LM_OK && next_norm) op->rms_norm(b, s->x, next_norm, n, d, eps, s->xn);
-        if (st != LM_ERR_UNSUPPORTED) return st;
-    }
-    if ((st = op->matmul(b, w, a, n, s->tmp))) return st;
-    if (post_norm) op->rms_norm(b, s->tmp, post_norm, n, d, eps, s->tmp);
-    if (next_norm)
-        residual_then_norm(b, s->x, s->tmp, next_norm, n, d, eps, s->xn);
-    else
-        op->add(b, s->x, s->tmp, n * d);
-    return LM_OK;
-}
-
 /* The shape of a pass for a backend that records passes: the same key means the
  * same ops on the same buffers (the ops a pass issues depend only on the batch's
  * shape; its host metadata fills them in). 0: not recordable (buffers of its own).
@@ -252,7 +230,9 @@ static lm_status forward_body(const lm_model_internal *m, lm_kv_cache *kv, const
         }
         TRY(op->attention(b, kv, il, &ab, s.q, hp->n_head, hp->n_head_kv, hd, swa ? hp->sliding_window : 0,
                           hp->attn_scale, s.attn));
-        TRY(block_output(b, w->wo, s.attn, w->post_attn_norm, w->ffn_norm, &s, n, d, hp->rms_eps));
+        TRY(op->matmul(b, w->wo, s.attn, n, s.tmp));
+        if (w->post_attn_norm) op->rms_norm(b, s.tmp, w->post_attn_norm, n, d, hp->rms_eps, s.tmp);
+        residual_then_norm(b, s.x, s.tmp, w->ffn_norm, n, d, hp->rms_eps, s.xn);
 
         /* feed-forward block */
         if (!hp->ffn_gelu && op->matmul_swiglu) {
@@ -266,10 +246,14 @@ static lm_status forward_body(const lm_model_internal *m, lm_kv_cache *kv, const
             else
                 op->swiglu(b, s.gate, s.up, n * hp->n_ff, s.gate);
         }
-        const float *next_norm = il + 1 < hp->n_layer ? m->layers[il + 1].attn_norm
-                                 : fuse_output         ? m->output_norm
-                                                       : NULL;
-        TRY(block_output(b, w->w_down, s.gate, w->post_ffn_norm, next_norm, &s, n, d, hp->rms_eps));
+        TRY(op->matmul(b, w->w_down, s.gate, n, s.tmp));
+        if (w->post_ffn_norm) op->rms_norm(b, s.tmp, w->post_ffn_norm, n, d, hp->rms_eps, s.tmp);
+        if (il + 1 < hp->n_layer)
+            residual_then_norm(b, s.x, s.tmp, m->layers[il + 1].attn_norm, n, d, hp->rms_eps, s.xn);
+        else if (fuse_output)
+            residual_then_norm(b, s.x, s.tmp, m->output_norm, n, d, hp->rms_eps, s.xn);
+        else
+            op->add(b, s.x, s.tmp, n * d);
     }
 
     if (n_out > 0) {

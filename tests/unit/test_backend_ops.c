@@ -526,85 +526,6 @@ static void test_add_rms_norm(void) {
     }
 }
 
-/* The decode step's fusions on the matrix-vector path. A norm whose output only a
- * product reads next runs inside that product's kernel: its output and the product's
- * bit-equal to the norm run alone first (a download in between runs it). The output
- * projection's residual add (matmul_residual): bit-equal to matmul then add, and
- * declined, with nothing written, where the backend does not fuse it. */
-static void test_decode_fusions(void) {
-    if (!g_gpu->ops->matmul_residual || !g_gpu->ops->matmul_swiglu) {
-        printf("  %-10s %-40s\n", "fusions", "no matmul_residual op (LUMEN_CUDA_FUSED=0?): skipped");
-        return;
-    }
-    static const lm_dtype types[] = {LM_DTYPE_BF16, LM_DTYPE_Q4_K};
-    const int64_t rows = 136, cols = 1536, n_max = 8;
-    float *x = fmalloc(n_max * cols), *nw = fmalloc(cols), *r = fmalloc(n_max * rows);
-    fill(x, n_max * cols, 3.0f);
-    fill(nw, cols, 1.0f);
-    fill(r, n_max * rows, 2.0f);
-    float *dnw = gpu_upload(nw, sizeof(float) * (size_t)cols);
-    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
-        test_weight w[2];
-        lm_weight *gw[2] = {NULL, NULL};
-        for (int k = 0; k < 2; k++) {
-            make_weight(&w[k], types[ti], rows, cols);
-            CHECK(g_gpu->ops->weight_create(g_gpu, &w[k].t, &gw[k]) == LM_OK);
-        }
-        for (int64_t n = 1; n <= n_max && gw[0] && gw[1]; n++) {
-            const size_t xb = sizeof(float) * (size_t)(n * cols), yb = sizeof(float) * (size_t)(n * rows);
-            float *dx = gpu_upload(x, xb), *dxn = g_gpu->ops->alloc(g_gpu, xb), *dy[2], *dz[2];
-            float *xn_a = fmalloc(n * cols), *xn_b = fmalloc(n * cols), *ya = fmalloc(n * rows), *yb2 = fmalloc(n * rows);
-            for (int k = 0; k < 2; k++) dy[k] = g_gpu->ops->alloc(g_gpu, yb), dz[k] = g_gpu->ops->alloc(g_gpu, yb);
-            bool same = true;
-            for (int consumer = 0; consumer < 3; consumer++) { /* matmul, matmul_many, matmul_swiglu */
-                for (int alone = 0; alone < 2; alone++) {
-                    float **out = alone ? dz : dy;
-                    g_gpu->ops->rms_norm(g_gpu, dx, dnw, n, cols, 1e-6f, dxn);
-                    if (alone) gpu_download(xn_b, dxn, xb); /* the norm runs here */
-                    lm_status st = consumer == 0 ? g_gpu->ops->matmul(g_gpu, gw[0], dxn, n, out[0])
-                                   : consumer == 1
-                                       ? g_gpu->ops->matmul_many(g_gpu, (const lm_weight *const *)gw, 2, dxn, n, out)
-                                       : g_gpu->ops->matmul_swiglu(g_gpu, gw[0], gw[1], dxn, n, out[0], out[1]);
-                    CHECK(st == LM_OK);
-                    if (!alone) gpu_download(xn_a, dxn, xb);
-                }
-                gpu_download(ya, dy[0], yb);
-                gpu_download(yb2, dz[0], yb);
-                same = same && bit_equal(xn_a, xn_b, n * cols) && bit_equal(ya, yb2, n * rows);
-            }
-            /* the residual add: into r, against matmul into dz[1] then add */
-            float *dr = gpu_upload(r, yb), *dr2 = gpu_upload(r, yb);
-            lm_status st = g_gpu->ops->matmul_residual(g_gpu, gw[0], dx, n, dr);
-            const bool fused = n <= g_mv_max_n;
-            CHECK(fused ? st == LM_OK : st == LM_ERR_UNSUPPORTED);
-            CHECK(g_gpu->ops->matmul(g_gpu, gw[0], dx, n, dz[1]) == LM_OK);
-            g_gpu->ops->add(g_gpu, dr2, dz[1], n * rows);
-            gpu_download(ya, dr, yb);
-            if (fused) {
-                gpu_download(yb2, dr2, yb);
-                same = same && bit_equal(ya, yb2, n * rows);
-            } else {
-                same = same && bit_equal(ya, r, n * rows); /* declined: untouched */
-            }
-            char what[64];
-            snprintf(what, sizeof what, "%s %lldx%lld n=%lld (%s)", lm_dtype_name(types[ti]), (long long)rows,
-                     (long long)cols, (long long)n, path_name(matmul_path(types[ti], cols, n)));
-            printf("  %-10s %-40s %s\n", "fusions", what,
-                   same ? "norm in product, residual add: == separate ops (bit-equal)" : "DIFFER");
-            CHECK(same);
-            gpu_free(dx), gpu_free(dxn), gpu_free(dr), gpu_free(dr2);
-            for (int k = 0; k < 2; k++) gpu_free(dy[k]), gpu_free(dz[k]);
-            free(xn_a), free(xn_b), free(ya), free(yb2);
-        }
-        for (int k = 0; k < 2; k++) {
-            if (gw[k]) g_gpu->ops->weight_free(g_gpu, gw[k]);
-            free_weight(&w[k]);
-        }
-    }
-    gpu_free(dnw);
-    free(x), free(nw), free(r);
-}
-
 static void test_arith(void) {
     const int64_t n = 7, d = 1536;
     float *y = fmalloc(n * d), *x = fmalloc(n * d), *bias = fmalloc(d), *ref = fmalloc(n * d), *got = fmalloc(n * d);
@@ -1073,7 +994,6 @@ int main(void) {
     test_matmul();
     test_rms_norm();
     test_add_rms_norm();
-    test_decode_fusions();
     test_arith();
     test_rope();
     test_activations();

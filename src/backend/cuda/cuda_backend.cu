@@ -44,11 +44,6 @@ void lm_cuda_enter(lm_cuda_backend *cu) {
     if (cudaGetDevice(&cur) != cudaSuccess || cur != cu->device) lm_cuda_ok(cu, cudaSetDevice(cu->device), "cudaSetDevice");
     cu->op_seq++;
     if (cu->qkv_pending.ys) lm_cuda_qkv_split(cu); /* the op after the product is not its qkv_finish */
-    if (cu->norm_pending.x) { /* nor the product of the deferred norm's output */
-        const float *x = cu->norm_pending.x;
-        cu->norm_pending.x = NULL;
-        lm_cuda_norm_run(cu, x, cu->norm_pending.nm, cu->norm_pending.n, cu->norm_pending.d);
-    }
 }
 
 /* ---- memory ------------------------------------------------------------------- */
@@ -618,7 +613,6 @@ static void init_ops(lm_backend_ops *o, bool fused) {
     o->add_rms_norm = fused ? lm_cuda_add_rms_norm : NULL;
     o->qkv_finish = fused ? lm_cuda_qkv_finish : NULL;
     o->matmul_swiglu = fused ? lm_cuda_matmul_swiglu : NULL;
-    o->matmul_residual = fused ? lm_cuda_matmul_residual : NULL;
     o->attention = lm_cuda_attention;
     o->pass_begin = lm_cuda_pass_begin;
     o->pass_end = lm_cuda_pass_end;
@@ -685,6 +679,10 @@ extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
     const char *dec = getenv("LUMEN_CUDA_ATTN_DEC");
     const int64_t dec_default = (cu->tc_max_n > cu->mv_max_n ? cu->tc_max_n : cu->mv_max_n) + 1;
     cu->attn_dec_min_n = dec && dec[0] ? (atoll(dec) > 0 ? atoll(dec) : INT64_MAX) : dec_default;
+    /* LUMEN_CUDA_ATTN_DEC_SPLIT: its KV blocks of 16 positions per split, at least 4
+     * (a split of 64 positions: the grid the attention call launches holds them) */
+    const char *dec_split = getenv("LUMEN_CUDA_ATTN_DEC_SPLIT");
+    cu->attn_dec_split_kb = dec_split && atoi(dec_split) >= 4 && atoi(dec_split) <= 4096 ? atoi(dec_split) : 16;
     lm_status st = LM_OK;
     int pools = 0;
     if ((e = cudaSetDevice(device)) != cudaSuccess ||

@@ -70,16 +70,6 @@ typedef struct lm_cuda_graph {
     cudaGraphExec_t exec;
 } lm_cuda_graph;
 
-/* An rms_norm (weight w, may be NULL; eps) whose output is out [n][d], for a
- * matrix-vector product's kernel to run on its input first (cuda_matmul.cu). on = 0:
- * none. */
-typedef struct mv_norm {
-    const float *w;
-    float *out;
-    float eps;
-    int on;
-} mv_norm;
-
 typedef struct lm_cuda_backend {
     lm_backend base;
     lm_backend_ops ops; /* base.ops points here */
@@ -100,6 +90,7 @@ typedef struct lm_cuda_backend {
     int64_t tc_max_n;  /* matmul: tensor-core kernel up to this many tokens     */
     int64_t gemm_chunk; /* matmul: smallest GEMM width above both (padded)      */
     int64_t attn_dec_min_n; /* attention: tensor-core decode kernel from this many tokens */
+    int attn_dec_split_kb;  /* attention: KV blocks per split of that kernel (>= 4)         */
     bool fused;        /* fused ops on (LUMEN_CUDA_FUSED=0 turns them off)       */
     uint64_t op_seq;   /* entry points entered so far (lm_cuda_enter)           */
     /* the bf16 copy of its output the op before left in the XB scratch for a GEMM
@@ -116,15 +107,6 @@ typedef struct lm_cuda_backend {
         float *y[3];
         int rows[3];
     } qkv_pending;
-    /* an rms_norm of a few rows not yet run (cuda_rms_norm.cu): the next product of its
-     * output on the matrix-vector path runs it as that kernel starts
-     * (lm_cuda_norm_take); any other op runs it as it enters (lm_cuda_enter). x: the
-     * norm's input, NULL when none. */
-    struct {
-        const float *x;
-        mv_norm nm;
-        int64_t n, d;
-    } norm_pending;
     /* attention metadata built on the host: [pos: n][table offset: n][tables] */
     int32_t *attn_host;
     size_t attn_host_cap;
@@ -384,13 +366,6 @@ int lm_cuda_attn_max_splits(const lm_attn_batch *batch, int64_t window);
 extern "C" {
 void lm_cuda_get_rows(lm_backend *b, const lm_weight *table, const int32_t *ids, int64_t n, float *out);
 lm_status lm_cuda_matmul(lm_backend *b, const lm_weight *w, const float *x, int64_t n, float *y);
-lm_status lm_cuda_matmul_residual(lm_backend *b, const lm_weight *w, const float *x, int64_t n, float *y);
-/* A product's input x [n][d]: x itself (nm->on = 0), or, when the rms_norm writing x was
- * deferred, that norm's input, with *nm describing the norm (taken: the caller runs it,
- * in its kernel or with lm_cuda_norm_run). Before lm_cuda_enter, which would run it. */
-const float *lm_cuda_norm_take(lm_cuda_backend *cu, const float *x, int64_t n, int64_t d, mv_norm *nm);
-/* The norm of x [n][d] described by nm, run now by the norm's own kernel. */
-void lm_cuda_norm_run(lm_cuda_backend *cu, const float *x, const mv_norm &nm, int64_t n, int64_t d);
 lm_status lm_cuda_matmul_many(lm_backend *b, const lm_weight *const *w, int n_w, const float *x, int64_t n,
                               float *const *y);
 void lm_cuda_rms_norm(lm_backend *b, const float *x, const float *w, int64_t n, int64_t d, float eps, float *y);
@@ -421,6 +396,8 @@ bool lm_cuda_attention_tc(lm_cuda_backend *cu, const lm_kv_cache *kv, int64_t la
  * scalar kernel's scratch, enough for it; NULL when max_splits is 1). Errors are
  * recorded. */
 bool lm_cuda_attention_dec_supports(const lm_kv_cache *kv, int64_t n_head, int64_t n_head_kv, int64_t head_dim);
+/* The most splits any token of the batch takes in it. */
+int lm_cuda_attention_dec_splits(const lm_cuda_backend *cu, const lm_attn_batch *batch, int64_t window);
 void lm_cuda_attention_dec(lm_cuda_backend *cu, const lm_kv_cache *kv, int64_t layer, const lm_attn_batch *batch,
                            const int32_t *meta, const float *q, int64_t n_head, int64_t n_head_kv, int64_t head_dim,
                            int64_t window, float scale, int max_splits, float *out, __nv_bfloat16 *outb, float *part,

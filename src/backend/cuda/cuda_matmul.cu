@@ -78,62 +78,16 @@ __device__ __forceinline__ int mv_row_of(const mv_set &set, int row, int *lr) {
 
 /* SWIGLU: the set is (gate, up) with rpb even, and y[0] gets silu(gate) * up, each
  * row summed exactly as without it (the per-row code does not change). */
-/* One token's row normalized as rms_norm normalizes it (lm_cuda_norm_row<256>: the
- * block's 128 threads each sum the elements of two of its 256 threads, j = i + 256k
- * and j = i + 128 + 256k, those reduce as its warps w and w + 4 do), into xs (shared
- * memory) and, when out is not NULL, into out: the same bits as the norm's kernel. */
-__device__ void mv_norm_row(const float *x, const mv_norm &nm, int d, float *xs, float *out, double *part) {
-    static_assert(MV_THREADS == 128, "the norm's order is that of 256 threads over two passes of 128");
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    double s0 = 0.0, s1 = 0.0;
-    for (int j = threadIdx.x; j < d; j += 256) s0 += (double)x[j] * (double)x[j];
-    for (int j = threadIdx.x + 128; j < d; j += 256) s1 += (double)x[j] * (double)x[j];
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-        s0 += __shfl_xor_sync(0xffffffffu, s0, off);
-        s1 += __shfl_xor_sync(0xffffffffu, s1, off);
-    }
-    if (lane == 0) part[warp] = s0, part[warp + 4] = s1;
-    __syncthreads();
-    double total = 0.0;
-#pragma unroll
-    for (int i = 0; i < 8; i++) total += part[i];
-    __syncthreads(); /* part is reused by the next row */
-    const float inv = (float)(1.0 / sqrt(total / (double)d + (double)nm.eps));
-    for (int j = threadIdx.x; j < d; j += MV_THREADS) {
-        float o = __fmul_rn(x[j], inv);
-        if (nm.w) o = __fmul_rn(o, nm.w[j]);
-        xs[j] = o;
-        if (out) out[j] = o;
-    }
-}
-
-/* nm.on: x is the rms_norm's input, normalized by every block as it starts into
- * shared memory (NT rows of cols, dynamic), block column 0 also writing it to nm.out.
- * add: y[k] += the product (the residual add, rounded as the add op rounds it). */
 template <int T, int NT, bool SWIGLU>
 __global__ void __launch_bounds__(MV_THREADS)
     mv_kernel(const __grid_constant__ mv_set set, int n_chunks, int cols, const float *__restrict__ x, int n,
-              int t_base, int wpr, const __grid_constant__ mv_norm nm, int add) {
-    extern __shared__ __align__(16) float xn_sh[];
-    __shared__ double norm_part[8];
+              int t_base, int wpr) {
     lm_pdl_enter();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int rpb = (MV_THREADS / 32) / wpr; /* rows per block */
     const int row = blockIdx.x * rpb + warp / wpr, part = warp % wpr;
     const int t0 = blockIdx.y * NT;
     const int rows_all = set.end[set.n_w - 1];
-    const float *xr[NT]; /* each token's (normalized) activations */
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        xr[t] = x + (size_t)(t0 + t) * cols;
-        if (nm.on && t0 + t < n) {
-            mv_norm_row(xr[t], nm, cols, xn_sh + t * cols, blockIdx.x == 0 ? nm.out + (size_t)(t0 + t) * cols : NULL,
-                        norm_part);
-            xr[t] = xn_sh + t * cols;
-        }
-    }
-    if (nm.on) __syncthreads();
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = 0.0f;
@@ -150,7 +104,7 @@ __global__ void __launch_bounds__(MV_THREADS)
 #pragma unroll
             for (int t = 0; t < NT; t++) {
                 if (t0 + t < n) {
-                    const float4 *xp = (const float4 *)xr[t] + 2 * c;
+                    const float4 *xp = (const float4 *)(x + (size_t)(t0 + t) * cols) + 2 * c;
                     float4 a = xp[0], b = xp[1];
                     float s = acc[t];
                     s = fmaf(w[0], a.x, s);
@@ -194,8 +148,7 @@ __global__ void __launch_bounds__(MV_THREADS)
             for (int p = 1; p < wpr; p++) s += red[rl * wpr + p][t];
             int lr;
             const int k = mv_row_of<false>(set, r, &lr);
-            float *yp = set.y[k] + (size_t)(t_base + t0 + t) * set.rows[k] + lr;
-            *yp = add ? __fadd_rn(*yp, s) : s;
+            set.y[k][(size_t)(t_base + t0 + t) * set.rows[k] + lr] = s;
         }
     }
 }
@@ -204,16 +157,12 @@ __global__ void __launch_bounds__(MV_THREADS)
  * function of the weight's shape only (never of the batch) */
 static int mv_warps_per_row(int64_t n_chunks) { return n_chunks >= 1024 ? 4 : n_chunks >= 512 ? 2 : 1; }
 
-/* Tokens per launch group of the matrix-vector kernel for a batch of n. */
-static int mv_group_of(int64_t n) { return n == 1 ? 1 : n == 2 ? 2 : n <= 4 ? 4 : 8; }
-
 /* The weights w[0..n_w) (one format, one column count; n_w <= MV_MAX_SET) times x in
  * one launch per group of tokens. SWIGLU: w = (gate, up) of one shape and rows
- * short enough for two to a block; y[0] = silu(gate x) * (up x). nm.on: x normalized
- * first (a deferred rms_norm, lm_cuda_norm_take; nm.out [n][cols]); add: y += W x. */
+ * short enough for two to a block; y[0] = silu(gate x) * (up x). */
 template <int T, bool SWIGLU = false>
 static void launch_mv(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, const float *x, int64_t n,
-                      float *const *y, const mv_norm &nm, bool add) {
+                      float *const *y) {
     const mv_set set = mv_set_of(w, n_w, y);
     const int rows_all = set.end[n_w - 1];
     int n_chunks = (int)(w[0]->cols / 8), wpr = mv_warps_per_row(n_chunks);
@@ -222,22 +171,16 @@ static void launch_mv(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, c
     const int64_t max_per_launch = (int64_t)MV_MAX_NT * 65535;
     for (int64_t t0 = 0; t0 < n; t0 += max_per_launch) {
         int nn = (int)(n - t0 < max_per_launch ? n - t0 : max_per_launch);
-        int nt = mv_group_of(nn);
+        int nt = nn == 1 ? 1 : nn == 2 ? 2 : nn <= 4 ? 4 : 8;
         dim3 grid((unsigned)((rows_all + rpb - 1) / rpb), (unsigned)((nn + nt - 1) / nt));
         /* the kernel indexes tokens from t_base, so x and y need no offset per weight */
-        int cols = (int)w[0]->cols, tb = (int)t0, ad = add;
+        int cols = (int)w[0]->cols, tb = (int)t0;
         const float *xs = x + t0 * cols;
-        mv_norm nl = nm;
-        if (nl.on) nl.out += t0 * cols;
-        const size_t smem = nl.on ? (size_t)nt * cols * sizeof(float) : 0;
         switch (nt) {
-#define LM_MV(NT) \
-    lm_cuda_launch_smem(cu, mv_kernel<T, NT, SWIGLU>, grid, block, smem, set, n_chunks, cols, xs, nn, tb, wpr, nl, ad)
-        case 1: LM_MV(1); break;
-        case 2: LM_MV(2); break;
-        case 4: LM_MV(4); break;
-        default: LM_MV(8); break;
-#undef LM_MV
+        case 1: lm_cuda_launch(cu, mv_kernel<T, 1, SWIGLU>, grid, block, set, n_chunks, cols, xs, nn, tb, wpr); break;
+        case 2: lm_cuda_launch(cu, mv_kernel<T, 2, SWIGLU>, grid, block, set, n_chunks, cols, xs, nn, tb, wpr); break;
+        case 4: lm_cuda_launch(cu, mv_kernel<T, 4, SWIGLU>, grid, block, set, n_chunks, cols, xs, nn, tb, wpr); break;
+        default: lm_cuda_launch(cu, mv_kernel<T, 8, SWIGLU>, grid, block, set, n_chunks, cols, xs, nn, tb, wpr); break;
         }
         if (!lm_cuda_launched(cu, "mv_kernel")) return;
     }
@@ -439,10 +382,10 @@ static void gemm_run(lm_cuda_backend *cu, const lm_weight *w, const void *xs, in
 }
 
 static lm_status mv_dispatch(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, const float *x, int64_t n,
-                             float *const *y, const mv_norm &nm, bool add) {
+                             float *const *y) {
     switch (w[0]->type) {
 #define LM_X(t) \
-    case t: launch_mv<t>(cu, w, n_w, x, n, y, nm, add); break;
+    case t: launch_mv<t>(cu, w, n_w, x, n, y); break;
         LM_CUDA_FOR_EACH_TYPE(LM_X)
 #undef LM_X
     default:
@@ -572,25 +515,13 @@ static void packed_run(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, 
     }
 }
 
-/* The deferred norm taken with the input (lm_cuda_norm_take), run now: for a path
- * whose kernels do not run it. */
-static void norm_now(lm_cuda_backend *cu, const float *src, mv_norm *nm, int64_t n, int64_t d) {
-    if (!nm->on) return;
-    lm_cuda_norm_run(cu, src, *nm, n, d);
-    nm->on = 0;
-}
-
 extern "C" lm_status lm_cuda_matmul(lm_backend *b, const lm_weight *w, const float *x, int64_t n, float *y) {
     lm_cuda_backend *cu = lm_cuda(b);
-    mv_norm nm;
-    const float *src = lm_cuda_norm_take(cu, x, n, w->cols, &nm);
     lm_status st = matmul_begin(cu, x);
     if (st || n <= 0 || lm_cuda_replaying(cu)) return st;
-    const matmul_path path = path_of(cu, w, n);
-    if (path != PATH_MV) norm_now(cu, src, &nm, n, w->cols);
-    switch (path) {
+    switch (path_of(cu, w, n)) {
     case PATH_MV:
-        if ((st = mv_dispatch(cu, &w, 1, nm.on ? src : x, n, &y, nm, false))) return st;
+        if ((st = mv_dispatch(cu, &w, 1, x, n, &y))) return st;
         break;
     case PATH_TC: lm_cuda_matmul_tc(cu, &w, 1, x, n, &y); break;
     case PATH_GEMM: {
@@ -602,33 +533,15 @@ extern "C" lm_status lm_cuda_matmul(lm_backend *b, const lm_weight *w, const flo
     return lm_cuda_recorded_pass(cu) ? LM_OK : lm_cuda_take_error(cu);
 }
 
-/* y += W x (backend.h, matmul_residual): on the matrix-vector path, where the kernel
- * adds each row's sum to y itself; other paths decline (their products' outputs go
- * through the add and norm kernel, add_rms_norm, as fast). */
-extern "C" lm_status lm_cuda_matmul_residual(lm_backend *b, const lm_weight *w, const float *x, int64_t n,
-                                             float *y) {
-    lm_cuda_backend *cu = lm_cuda(b);
-    if (n > 0 && path_of(cu, w, n) != PATH_MV) return LM_ERR_UNSUPPORTED;
-    mv_norm nm;
-    const float *src = lm_cuda_norm_take(cu, x, n, w->cols, &nm);
-    lm_status st = matmul_begin(cu, x);
-    if (st || n <= 0 || lm_cuda_replaying(cu)) return st;
-    if ((st = mv_dispatch(cu, &w, 1, nm.on ? src : x, n, &y, nm, true))) return st;
-    return lm_cuda_recorded_pass(cu) ? LM_OK : lm_cuda_take_error(cu);
-}
-
 extern "C" lm_status lm_cuda_matmul_many(lm_backend *b, const lm_weight *const *w, int n_w, const float *x, int64_t n,
                                          float *const *y) {
     lm_cuda_backend *cu = lm_cuda(b);
-    mv_norm nm;
-    const float *src = n_w > 0 ? lm_cuda_norm_take(cu, x, n, w[0]->cols, &nm) : x;
     lm_status st = matmul_begin(cu, x);
     if (st || n <= 0 || n_w <= 0 || lm_cuda_replaying(cu)) return st;
     for (int i = 1; i < n_w; i++)
         if (w[i]->cols != w[0]->cols)
             return lm_error(LM_ERR_INVALID_ARG, "matmul_many: weights of %lld and %lld columns share one input",
                             (long long)w[0]->cols, (long long)w[i]->cols);
-    if (path_of(cu, w[0], n) != PATH_MV) norm_now(cu, src, &nm, n, w[0]->cols);
     if (gemm_packed(cu, w, n_w, n, y)) {
         packed_run(cu, w, n_w, x, n, y, NULL);
         return lm_cuda_recorded_pass(cu) ? LM_OK : lm_cuda_take_error(cu);
@@ -643,7 +556,7 @@ extern "C" lm_status lm_cuda_matmul_many(lm_backend *b, const lm_weight *const *
         while (j < n_w && j - i < MV_MAX_SET && w[j]->type == w[i]->type) j++;
         switch (path_of(cu, w[i], n)) {
         case PATH_MV:
-            if ((st = mv_dispatch(cu, w + i, j - i, nm.on ? src : x, n, y + i, nm, false))) return st;
+            if ((st = mv_dispatch(cu, w + i, j - i, x, n, y + i))) return st;
             break;
         case PATH_TC: lm_cuda_matmul_tc(cu, w + i, j - i, x, n, y + i); break;
         case PATH_GEMM:
@@ -670,11 +583,8 @@ extern "C" lm_status lm_cuda_matmul_swiglu(lm_backend *b, const lm_weight *w_gat
     const lm_weight *w[2] = {w_gate, w_up};
     float *y[2] = {gate, up};
     if (w_up->rows == w_gate->rows && gemm_packed(cu, w, 2, n, y)) {
-        mv_norm nm;
-        const float *src = lm_cuda_norm_take(cu, x, n, w_gate->cols, &nm);
         lm_status st = matmul_begin(cu, x);
         if (st || n <= 0 || lm_cuda_replaying(cu)) return st;
-        norm_now(cu, src, &nm, n, w_gate->cols);
         packed_run(cu, w, 2, x, n, y, gate);
         return lm_cuda_recorded_pass(cu) ? LM_OK : lm_cuda_take_error(cu);
     }
@@ -687,13 +597,11 @@ extern "C" lm_status lm_cuda_matmul_swiglu(lm_backend *b, const lm_weight *w_gat
         lm_cuda_swiglu(b, gate, up, n * w_gate->rows, gate);
         return lm_cuda_recorded_pass(cu) ? LM_OK : lm_cuda_take_error(cu);
     }
-    mv_norm nm;
-    const float *src = lm_cuda_norm_take(cu, x, n, w_gate->cols, &nm);
     lm_status st = matmul_begin(cu, x);
     if (st || n <= 0 || lm_cuda_replaying(cu)) return st;
     switch (w_gate->type) {
 #define LM_X(t) \
-    case t: launch_mv<t, true>(cu, w, 2, nm.on ? src : x, n, y, nm, false); break;
+    case t: launch_mv<t, true>(cu, w, 2, x, n, y); break;
         LM_CUDA_FOR_EACH_TYPE(LM_X)
 #undef LM_X
     default:

@@ -37,49 +37,10 @@ static void norm_rows(lm_backend *b, float *y, const float *add, const float *w,
     }
 }
 
-/* The largest shared-memory copy of a deferred norm's rows a product's kernel takes
- * (the default dynamic limit of a block). */
-enum { NORM_DEFER_MAX_BYTES = 48 * 1024 };
-
-/* rms_norm. On the matrix-vector path (n <= mv_max_n) with the fused ops on, the norm
- * is not launched: the product that reads its output next normalizes the rows itself
- * as its kernel starts (bit-identical, cuda_matmul.cu), one launch fewer a norm in a
- * decode step; out is written all the same, and an op other than such a product runs
- * the norm first (lm_cuda_enter). */
 extern "C" void lm_cuda_rms_norm(lm_backend *b, const float *x, const float *w, int64_t n, int64_t d, float eps,
                                  float *y) {
-    lm_cuda_backend *cu = lm_cuda(b);
-    lm_cuda_enter(cu);
-    if (n <= 0 || d <= 0 || lm_cuda_replaying(cu)) return;
-    const int group = n == 1 ? 1 : n == 2 ? 2 : 4; /* the product's tokens per block (mv_group_of) */
-    const bool apart = y + n * d <= x || x + n * d <= y; /* the product reads x while writing y */
-    if (cu->fused && n <= cu->mv_max_n && n <= 4 && d % 8 == 0 && apart &&
-        (int64_t)group * d * (int64_t)sizeof(float) <= NORM_DEFER_MAX_BYTES) {
-        cu->norm_pending.x = x;
-        cu->norm_pending.nm = mv_norm{w, y, eps, 1};
-        cu->norm_pending.n = n;
-        cu->norm_pending.d = d;
-        return;
-    }
     /* without an add the rows are only read: the cast does not lead to a write */
     norm_rows(b, const_cast<float *>(x), NULL, w, n, d, eps, y);
-}
-
-const float *lm_cuda_norm_take(lm_cuda_backend *cu, const float *x, int64_t n, int64_t d, mv_norm *nm) {
-    nm->on = 0;
-    if (!cu->norm_pending.x || cu->norm_pending.nm.out != x || cu->norm_pending.n != n || cu->norm_pending.d != d)
-        return x;
-    *nm = cu->norm_pending.nm;
-    const float *src = cu->norm_pending.x;
-    cu->norm_pending.x = NULL;
-    return src;
-}
-
-void lm_cuda_norm_run(lm_cuda_backend *cu, const float *x, const mv_norm &nm, int64_t n, int64_t d) {
-    cu->gemm_in_src = NULL;
-    lm_cuda_launch(cu, norm_rows_kernel, (unsigned)n, NORM_THREADS, const_cast<float *>(x), (const float *)NULL,
-                   nm.w, d, nm.eps, nm.out, (__nv_bfloat16 *)NULL);
-    lm_cuda_launched(cu, "norm_rows_kernel");
 }
 
 /* y += x, then out = rms_norm(y) * w: the residual add and the norm after it in one
