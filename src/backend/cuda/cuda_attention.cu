@@ -303,16 +303,8 @@ extern "C" lm_status lm_cuda_attention(lm_backend *b, const lm_kv_cache *kv, int
     if (items > INT32_MAX)
         return lm_error(LM_ERR_LIMIT, "attention: %lld tokens x %lld heads is too many for one call", (long long)n,
                         (long long)n_head);
-    const bool dec = n >= cu->attn_dec_min_n && lm_cuda_attention_dec_supports(kv, n_head, n_head_kv, head_dim) &&
-                     decode_batch(batch);
-    /* a recorded pass launches the grid of its whole shape (extra splits exit); it
-     * holds the decode kernel's splits too (at least 64 positions each, counted
-     * without the window, which only shortens them) */
+    /* a recorded pass launches the grid of its whole shape (extra splits exit) */
     int max_splits = in_pass ? cu->pass_splits : lm_cuda_attn_max_splits(batch, window);
-    if (dec && !in_pass) {
-        const int dec_splits = lm_cuda_attention_dec_splits(cu, batch, window);
-        if (dec_splits > max_splits) max_splits = dec_splits;
-    }
     if (max_splits > 65535) return lm_error(LM_ERR_LIMIT, "attention: context too long for one call");
     const int32_t *meta = lm_cuda_attn_meta(cu, kv, batch);
     if (!meta) return in_pass ? LM_OK : lm_cuda_take_error(cu);
@@ -329,7 +321,8 @@ extern "C" lm_status lm_cuda_attention(lm_backend *b, const lm_kv_cache *kv, int
         counts = (int *)lm_cuda_scratch(cu, LM_CUDA_SCR_COUNTS, (size_t)items * sizeof(int));
         if (!part || !counts) return in_pass ? LM_OK : lm_cuda_take_error(cu);
     }
-    if (dec) {
+    if (n >= cu->attn_dec_min_n && lm_cuda_attention_dec_supports(kv, n_head, n_head_kv, head_dim) &&
+        decode_batch(batch)) {
         lm_cuda_attention_dec(cu, kv, layer, batch, meta, q, n_head, n_head_kv, head_dim, window, scale, max_splits,
                               out, outb, part, counts);
         return in_pass ? LM_OK : lm_cuda_take_error(cu);

@@ -16,7 +16,11 @@
  * batch 1 still spreads over the GPU. (The scalar kernel took 16 us a layer at 64
  * sequences of ~200 positions and 40 us at 256 on the H200, bound by its instructions;
  * this one 11.5 us at 64. At 1 and 8 sequences it was slower than the scalar kernel:
- * 593 vs 605 and 3,301 vs 3,368 tokens/s, so small batches keep that one.)
+ * 593 vs 605 and 3,301 vs 3,368 tokens/s, so small batches keep that one. Shorter
+ * splits, more blocks for a batch's ~200-position contexts, measured slower: splits
+ * of 4 / 8 / 16 KV blocks gave 24,902 / 26,008 / 27,412 tokens/s at 64 sequences and
+ * 56,640 / 60,353 / 68,309 at 256, the merges costing more than the parallelism
+ * gained.)
  *
  * How a token is split and which warp takes which block depend only on its own
  * position and window, and the merge orders are fixed: a token's result never depends
@@ -34,13 +38,13 @@
 #include "backend/cuda/cuda_attention_split.cuh"
 #include "backend/cuda/cuda_attention_tc.cuh"
 
-enum { DEC_WARPS = 4, DEC_THREADS = 32 * DEC_WARPS, DEC_MAX_GROUP = 16 };
+enum { DEC_WARPS = 4, DEC_THREADS = 32 * DEC_WARPS, DEC_MAX_GROUP = 16, DEC_SPLIT_KB = 16 };
 
 template <int HD>
 __global__ void __launch_bounds__(DEC_THREADS)
     attn_dec_kernel(const int32_t *__restrict__ meta, int n, int n_head, int n_head_kv, int group, int64_t d_kv,
                     const __half *__restrict__ K, const __half *__restrict__ V, const float *__restrict__ q,
-                    int64_t window, float scale, int split_kb, int max_splits, float *__restrict__ out,
+                    int64_t window, float scale, int max_splits, float *__restrict__ out,
                     __nv_bfloat16 *__restrict__ outb, float *__restrict__ part, int *__restrict__ counts) {
     __shared__ float o_sh[DEC_WARPS][DEC_MAX_GROUP][HD + 1]; /* +1: rows fall in other banks */
     __shared__ float ml_sh[DEC_WARPS][DEC_MAX_GROUP][2];
@@ -50,9 +54,9 @@ __global__ void __launch_bounds__(DEC_THREADS)
     const int t = blockIdx.x / n_head_kv, hk = blockIdx.x % n_head_kv, h0 = hk * group, split = blockIdx.y;
     const int p = meta[t], p_lo = window > 0 && p - window + 1 > 0 ? (int)(p - window + 1) : 0;
     const int pos[2] = {p, p}, lo[2] = {p_lo, p_lo};
-    const int kb_lo = p_lo / TC_ROWS, kb_last = p / TC_ROWS, n_split = (kb_last - kb_lo) / split_kb + 1;
+    const int kb_lo = p_lo / TC_ROWS, kb_last = p / TC_ROWS, n_split = (kb_last - kb_lo) / DEC_SPLIT_KB + 1;
     if (split >= n_split) return; /* a recorded pass's grid holds its longest context */
-    const int kb_begin = kb_lo + split * split_kb, kb_end = min(kb_last, kb_begin + split_kb - 1);
+    const int kb_begin = kb_lo + split * DEC_SPLIT_KB, kb_end = min(kb_last, kb_begin + DEC_SPLIT_KB - 1);
     /* the group's query heads are the rows */
     uint32_t qa[HD / 16][4];
     float o[HD / 8][4], m[2], l[2];
@@ -116,16 +120,6 @@ bool lm_cuda_attention_dec_supports(const lm_kv_cache *kv, int64_t n_head, int64
            n_head / n_head_kv <= DEC_MAX_GROUP;
 }
 
-int lm_cuda_attention_dec_splits(const lm_cuda_backend *cu, const lm_attn_batch *batch, int64_t window) {
-    int64_t most = 1;
-    for (int64_t t = 0; t < batch->n_tokens; t++) {
-        const int64_t p = batch->pos[t], lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
-        const int64_t ns = (p / TC_ROWS - lo / TC_ROWS) / cu->attn_dec_split_kb + 1;
-        if (ns > most) most = ns;
-    }
-    return most > INT32_MAX ? INT32_MAX : (int)most;
-}
-
 void lm_cuda_attention_dec(lm_cuda_backend *cu, const lm_kv_cache *kv, int64_t layer, const lm_attn_batch *batch,
                            const int32_t *meta, const float *q, int64_t n_head, int64_t n_head_kv, int64_t head_dim,
                            int64_t window, float scale, int max_splits, float *out, __nv_bfloat16 *outb, float *part,
@@ -138,11 +132,9 @@ void lm_cuda_attention_dec(lm_cuda_backend *cu, const lm_kv_cache *kv, int64_t l
     const dim3 grid((unsigned)(n * n_head_kv), (unsigned)max_splits);
     if (head_dim == 64)
         lm_cuda_launch(cu, attn_dec_kernel<64>, grid, DEC_THREADS, meta, (int)n, (int)n_head, (int)n_head_kv,
-                       (int)group, d_kv, K, V, q, window, scale, cu->attn_dec_split_kb, max_splits, out, outb, part,
-                       counts);
+                       (int)group, d_kv, K, V, q, window, scale, max_splits, out, outb, part, counts);
     else
         lm_cuda_launch(cu, attn_dec_kernel<128>, grid, DEC_THREADS, meta, (int)n, (int)n_head, (int)n_head_kv,
-                       (int)group, d_kv, K, V, q, window, scale, cu->attn_dec_split_kb, max_splits, out, outb, part,
-                       counts);
+                       (int)group, d_kv, K, V, q, window, scale, max_splits, out, outb, part, counts);
     lm_cuda_launched(cu, "attn_dec_kernel");
 }

@@ -679,10 +679,6 @@ extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
     const char *dec = getenv("LUMEN_CUDA_ATTN_DEC");
     const int64_t dec_default = (cu->tc_max_n > cu->mv_max_n ? cu->tc_max_n : cu->mv_max_n) + 1;
     cu->attn_dec_min_n = dec && dec[0] ? (atoll(dec) > 0 ? atoll(dec) : INT64_MAX) : dec_default;
-    /* LUMEN_CUDA_ATTN_DEC_SPLIT: its KV blocks of 16 positions per split, at least 4
-     * (a split of 64 positions: the grid the attention call launches holds them) */
-    const char *dec_split = getenv("LUMEN_CUDA_ATTN_DEC_SPLIT");
-    cu->attn_dec_split_kb = dec_split && atoi(dec_split) >= 4 && atoi(dec_split) <= 4096 ? atoi(dec_split) : 16;
     lm_status st = LM_OK;
     int pools = 0;
     if ((e = cudaSetDevice(device)) != cudaSuccess ||

@@ -90,7 +90,6 @@ typedef struct lm_cuda_backend {
     int64_t tc_max_n;  /* matmul: tensor-core kernel up to this many tokens     */
     int64_t gemm_chunk; /* matmul: smallest GEMM width above both (padded)      */
     int64_t attn_dec_min_n; /* attention: tensor-core decode kernel from this many tokens */
-    int attn_dec_split_kb;  /* attention: KV blocks per split of that kernel (>= 4)         */
     bool fused;        /* fused ops on (LUMEN_CUDA_FUSED=0 turns them off)       */
     uint64_t op_seq;   /* entry points entered so far (lm_cuda_enter)           */
     /* the bf16 copy of its output the op before left in the XB scratch for a GEMM
@@ -396,8 +395,6 @@ bool lm_cuda_attention_tc(lm_cuda_backend *cu, const lm_kv_cache *kv, int64_t la
  * scalar kernel's scratch, enough for it; NULL when max_splits is 1). Errors are
  * recorded. */
 bool lm_cuda_attention_dec_supports(const lm_kv_cache *kv, int64_t n_head, int64_t n_head_kv, int64_t head_dim);
-/* The most splits any token of the batch takes in it. */
-int lm_cuda_attention_dec_splits(const lm_cuda_backend *cu, const lm_attn_batch *batch, int64_t window);
 void lm_cuda_attention_dec(lm_cuda_backend *cu, const lm_kv_cache *kv, int64_t layer, const lm_attn_batch *batch,
                            const int32_t *meta, const float *q, int64_t n_head, int64_t n_head_kv, int64_t head_dim,
                            int64_t window, float scale, int max_splits, float *out, __nv_bfloat16 *outb, float *part,

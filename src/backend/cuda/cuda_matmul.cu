@@ -27,7 +27,15 @@
  *    A Q4_K kernel giving a lane 32 elements from one 16-byte load of quants (instead
  *    of deq8's five loads for 8) measured the same on a Q4_K_M 1.5B model at batch
  *    1, alternating in one call: 443-444 vs 442-447 tokens/s; dropped (a Q6_K one
- *    of 2-byte loads was slower).
+ *    of 2-byte loads was slower). Running the rms_norm before a product inside the
+ *    product's kernel (every block normalizing the rows into shared memory as it
+ *    starts, bit-identical to the norm's kernel), with the output projections adding
+ *    into the residual stream themselves, so a decode step's two norm launches a layer
+ *    were gone, measured slower at batch 1 (seventh session, 2026-11-30): 596 -> 517
+ *    tokens/s bf16; with the norm's blocks capped at one wave, each over several groups
+ *    of rows, 557 bf16 and 462 -> 380 Q4_K_M (each block's norm is a chain of dependent
+ *    trips before its first weight load); dropped. One wave of blocks for the plain
+ *    kernel measured the same (556 vs 557).
  *
  *  - tensor cores (n <= tc_max_n, 32 unless LUMEN_CUDA_TC_MAX_N says otherwise; every
  *    format but F32, widths a multiple of 32): decode of 5-32 sequences.
