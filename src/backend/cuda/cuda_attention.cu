@@ -143,8 +143,10 @@ __global__ void __launch_bounds__(ATT_THREADS)
     __shared__ __align__(16) float q_sh[ATT_HEADS][S::hd_max];
     __shared__ int64_t slot_sh[TILE];
     __shared__ int last_sh;
-    lm_pdl_enter();
 
+    /* the token's place, its split and the first tile's slots first, while the kernel
+     * before this one still runs: the metadata was copied before it (the keys and
+     * values, written by that kernel, wait) */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int item = blockIdx.x; /* (token, KV head, chunk of query heads) */
     const int t = item / (n_head_kv * chunks), hk = (item / chunks) % n_head_kv, chunk = item % chunks;
@@ -157,6 +159,11 @@ __global__ void __launch_bounds__(ATT_THREADS)
     const int32_t *table = meta + meta[n + t];
     const int64_t head_off = (int64_t)hk * hd;
     const int row_bytes = hd * ELEM, chunks_per_row = row_bytes / 16;
+    for (int r = threadIdx.x; r < min(TILE, pe - pb + 1); r += ATT_THREADS) {
+        const int p = pb + r;
+        slot_sh[r] = (int64_t)table[p / bs] * bs + p % bs;
+    }
+    lm_pdl_enter();
 
     for (int i = threadIdx.x; i < nh * hd; i += ATT_THREADS) {
         const float v = q[((int64_t)t * n_head + h0) * hd + i];
@@ -173,10 +180,12 @@ __global__ void __launch_bounds__(ATT_THREADS)
 
     for (int p0 = pb; p0 <= pe; p0 += TILE) {
         const int nr = min(TILE, pe - p0 + 1);
-        __syncthreads(); /* the last tile's rows are read */
-        for (int r = threadIdx.x; r < nr; r += ATT_THREADS) {
-            const int p = p0 + r;
-            slot_sh[r] = (int64_t)table[p / bs] * bs + p % bs;
+        if (p0 != pb) { /* the first tile's slots are in already */
+            __syncthreads(); /* the last tile's rows are read */
+            for (int r = threadIdx.x; r < nr; r += ATT_THREADS) {
+                const int p = p0 + r;
+                slot_sh[r] = (int64_t)table[p / bs] * bs + p % bs;
+            }
         }
         __syncthreads();
         for (int i = threadIdx.x; i < nr * chunks_per_row; i += ATT_THREADS) {

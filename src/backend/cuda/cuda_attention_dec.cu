@@ -8,8 +8,9 @@
  * dropped), so each key and value is read once for all of them and a KV block of 16
  * positions costs 16 products where the scalar kernel (cuda_attention.cu) spent a
  * lane's fused multiply-adds per position and dimension. A split is DEC_SPLIT_KB KV
- * blocks (256 positions) of the token's context; its DEC_WARPS warps take them in
- * turn (warp w: blocks w, w + DEC_WARPS, ...), each an online softmax over its blocks
+ * blocks (256 positions) of the token's context; the block's warps (8, or 4 for
+ * groups of more than 8 heads) take them in turn (warp w: blocks w, w + 8, ...), each
+ * an online softmax over its blocks
  * (tc_attend_block, as the prefill kernel), and the warps' states are merged in shared
  * memory in warp order. A token with several splits has each write its state and the
  * last to finish merges them in split order (merge_if_last), so a long context at
@@ -38,18 +39,22 @@
 #include "backend/cuda/cuda_attention_split.cuh"
 #include "backend/cuda/cuda_attention_tc.cuh"
 
-enum { DEC_WARPS = 4, DEC_THREADS = 32 * DEC_WARPS, DEC_MAX_GROUP = 16, DEC_SPLIT_KB = 16 };
+enum { DEC_MAX_GROUP = 16, DEC_SPLIT_KB = 16 };
 
-template <int HD>
-__global__ void __launch_bounds__(DEC_THREADS)
+/* WARPS warps a block; MAXG: the most query heads per KV head it takes (the shared
+ * memory of the warps' merge holds WARPS x MAXG rows). */
+template <int HD, int WARPS, int MAXG>
+__global__ void __launch_bounds__(32 * WARPS)
     attn_dec_kernel(const int32_t *__restrict__ meta, int n, int n_head, int n_head_kv, int group, int64_t d_kv,
                     const __half *__restrict__ K, const __half *__restrict__ V, const float *__restrict__ q,
                     int64_t window, float scale, int max_splits, float *__restrict__ out,
                     __nv_bfloat16 *__restrict__ outb, float *__restrict__ part, int *__restrict__ counts) {
-    __shared__ float o_sh[DEC_WARPS][DEC_MAX_GROUP][HD + 1]; /* +1: rows fall in other banks */
-    __shared__ float ml_sh[DEC_WARPS][DEC_MAX_GROUP][2];
+    constexpr int THREADS = 32 * WARPS;
+    __shared__ float o_sh[WARPS][MAXG][HD + 1]; /* +1: rows fall in other banks */
+    __shared__ float ml_sh[WARPS][MAXG][2];
     __shared__ int last_sh;
-    lm_pdl_enter();
+    /* the token's place and block table first, while the kernel before this one still
+     * runs: the metadata was copied before it (cuda_qkv_finish.cu does the same) */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c2 = 2 * (lane & 3);
     const int t = blockIdx.x / n_head_kv, hk = blockIdx.x % n_head_kv, h0 = hk * group, split = blockIdx.y;
     const int p = meta[t], p_lo = window > 0 && p - window + 1 > 0 ? (int)(p - window + 1) : 0;
@@ -57,18 +62,19 @@ __global__ void __launch_bounds__(DEC_THREADS)
     const int kb_lo = p_lo / TC_ROWS, kb_last = p / TC_ROWS, n_split = (kb_last - kb_lo) / DEC_SPLIT_KB + 1;
     if (split >= n_split) return; /* a recorded pass's grid holds its longest context */
     const int kb_begin = kb_lo + split * DEC_SPLIT_KB, kb_end = min(kb_last, kb_begin + DEC_SPLIT_KB - 1);
+    const int32_t *table = meta + meta[n + t];
+    lm_pdl_enter();
     /* the group's query heads are the rows */
     uint32_t qa[HD / 16][4];
     float o[HD / 8][4], m[2], l[2];
     tc_start_rows<HD>(q + ((int64_t)t * n_head + h0) * HD, HD, group, g, c2, qa, o, m, l);
 
-    const int32_t *table = meta + meta[n + t];
     const int64_t head_off = (int64_t)hk * HD;
     const int kb_first = kb_begin + warp;
     uint32_t kf[HD / 16][2][2];
     if (kb_first <= kb_end) load_keys<HD>(K, table, kb_first, d_kv, head_off, g, c2, kf);
-    for (int kb = kb_first; kb <= kb_end; kb += DEC_WARPS) {
-        const int next = kb + DEC_WARPS <= kb_end ? kb + DEC_WARPS : -1;
+    for (int kb = kb_first; kb <= kb_end; kb += WARPS) {
+        const int next = kb + WARPS <= kb_end ? kb + WARPS : -1;
         tc_attend_block<HD, true>(K, V, table, kb, next, p - kb * TC_ROWS, d_kv, head_off, g, c2, qa, kf, lo, pos,
                                   scale, m, l, o);
     }
@@ -88,14 +94,14 @@ __global__ void __launch_bounds__(DEC_THREADS)
         }
     }
     __syncthreads();
-    for (int e = threadIdx.x; e < group * HD; e += DEC_THREADS) {
+    for (int e = threadIdx.x; e < group * HD; e += THREADS) {
         const int r = e / HD, d = e % HD;
         float M = -INFINITY;
 #pragma unroll
-        for (int w = 0; w < DEC_WARPS; w++) M = fmaxf(M, ml_sh[w][r][0]);
+        for (int w = 0; w < WARPS; w++) M = fmaxf(M, ml_sh[w][r][0]);
         float L = 0.0f, O = 0.0f;
 #pragma unroll
-        for (int w = 0; w < DEC_WARPS; w++) {
+        for (int w = 0; w < WARPS; w++) {
             const float mw = ml_sh[w][r][0];
             if (mw == -INFINITY) continue;
             const float c = expf(mw - M);
@@ -111,7 +117,7 @@ __global__ void __launch_bounds__(DEC_THREADS)
         }
     }
     if (n_split > 1)
-        merge_if_last<HD / 32, DEC_WARPS>(part, out, outb, counts, blockIdx.x, t, n_head, h0, group, HD, n_split,
+        merge_if_last<HD / 32, WARPS>(part, out, outb, counts, blockIdx.x, t, n_head, h0, group, HD, n_split,
                                           max_splits, &last_sh);
 }
 
@@ -130,11 +136,16 @@ void lm_cuda_attention_dec(lm_cuda_backend *cu, const lm_kv_cache *kv, int64_t l
     const __half *K = (const __half *)((const uint8_t *)kv->k + layer_off);
     const __half *V = (const __half *)((const uint8_t *)kv->v + layer_off);
     const dim3 grid((unsigned)(n * n_head_kv), (unsigned)max_splits);
+    /* 8 warps where the group fits their merge's shared memory (LUMEN_CUDA_ATTN_DEC_WARPS=4:
+     * 4 always) */
+    const bool eight = group <= 8 && cu->attn_dec_warps != 4;
+#define LM_DEC(H, W, G)                                                                                              \
+    lm_cuda_launch(cu, attn_dec_kernel<H, W, G>, grid, 32 * W, meta, (int)n, (int)n_head, (int)n_head_kv, (int)group, \
+                   d_kv, K, V, q, window, scale, max_splits, out, outb, part, counts)
     if (head_dim == 64)
-        lm_cuda_launch(cu, attn_dec_kernel<64>, grid, DEC_THREADS, meta, (int)n, (int)n_head, (int)n_head_kv,
-                       (int)group, d_kv, K, V, q, window, scale, max_splits, out, outb, part, counts);
+        eight ? LM_DEC(64, 8, 8) : LM_DEC(64, 4, DEC_MAX_GROUP);
     else
-        lm_cuda_launch(cu, attn_dec_kernel<128>, grid, DEC_THREADS, meta, (int)n, (int)n_head, (int)n_head_kv,
-                       (int)group, d_kv, K, V, q, window, scale, max_splits, out, outb, part, counts);
+        eight ? LM_DEC(128, 8, 8) : LM_DEC(128, 4, DEC_MAX_GROUP);
+#undef LM_DEC
     lm_cuda_launched(cu, "attn_dec_kernel");
 }

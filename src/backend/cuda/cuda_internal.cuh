@@ -90,6 +90,7 @@ typedef struct lm_cuda_backend {
     int64_t tc_max_n;  /* matmul: tensor-core kernel up to this many tokens     */
     int64_t gemm_chunk; /* matmul: smallest GEMM width above both (padded)      */
     int64_t attn_dec_min_n; /* attention: tensor-core decode kernel from this many tokens */
+    int attn_dec_warps;     /* attention: that kernel's warps a block (LUMEN_CUDA_ATTN_DEC_WARPS) */
     bool fused;        /* fused ops on (LUMEN_CUDA_FUSED=0 turns them off)       */
     uint64_t op_seq;   /* entry points entered so far (lm_cuda_enter)           */
     /* the bf16 copy of its output the op before left in the XB scratch for a GEMM
