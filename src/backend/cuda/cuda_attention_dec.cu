@@ -8,9 +8,9 @@
  * dropped), so each key and value is read once for all of them and a KV block of 16
  * positions costs 16 products where the scalar kernel (cuda_attention.cu) spent a
  * lane's fused multiply-adds per position and dimension. A split is DEC_SPLIT_KB KV
- * blocks (256 positions) of the token's context; the block's warps (8, or 4 for
- * groups of more than 8 heads) take them in turn (warp w: blocks w, w + 8, ...), each
- * an online softmax over its blocks
+ * blocks (256 positions) of the token's context; the block's warps (8 for batches of
+ * few blocks, else 4; see the launch) take them in turn (warp w: blocks w, w + 8, ...),
+ * each an online softmax over its blocks
  * (tc_attend_block, as the prefill kernel), and the warps' states are merged in shared
  * memory in warp order. A token with several splits has each write its state and the
  * last to finish merges them in split order (merge_if_last), so a long context at
@@ -24,8 +24,9 @@
  * gained.)
  *
  * How a token is split and which warp takes which block depend only on its own
- * position and window, and the merge orders are fixed: a token's result never depends
- * on the batch around it, within this path. The softmax weights go through the
+ * position and window and on the block's warp count, and the merge orders are fixed:
+ * a token's result never depends on the batch around it, within each warp count (the
+ * count follows the batch's size, as the GEMM chunks do). The softmax weights go through the
  * products as two f16 parts (tc_softmax_block's P32), so the result differs from the
  * scalar kernel's f32 weights by summation order only. It serves decode batches of
  * more than tc_max_n tokens, the size from which the products change path too
@@ -136,9 +137,15 @@ void lm_cuda_attention_dec(lm_cuda_backend *cu, const lm_kv_cache *kv, int64_t l
     const __half *K = (const __half *)((const uint8_t *)kv->k + layer_off);
     const __half *V = (const __half *)((const uint8_t *)kv->v + layer_off);
     const dim3 grid((unsigned)(n * n_head_kv), (unsigned)max_splits);
-    /* 8 warps where the group fits their merge's shared memory (LUMEN_CUDA_ATTN_DEC_WARPS=4:
-     * 4 always) */
-    const bool eight = group <= 8 && cu->attn_dec_warps != 4;
+    /* 8 warps a block while the blocks with work (a (token, KV head) each, for contexts
+     * up to a split) are fewer than the 4-warp kernel's resident slots (2 an SM at its
+     * registers), so the SMs' idle warp slots take half of each block's KV blocks;
+     * 4 warps beyond (measured on the H200, 1.5B bf16: 27,829 vs 27,089 tokens/s at 64
+     * sequences, 128 items; 61,823 vs 67,692 at 256, 512 items). And 4 where the group
+     * does not fit the 8-warp merge's shared memory. LUMEN_CUDA_ATTN_DEC_WARPS=4 or 8
+     * forces one. */
+    const int64_t items = n * n_head_kv;
+    const bool eight = group <= 8 && (cu->attn_dec_warps ? cu->attn_dec_warps == 8 : items <= 2 * (int64_t)cu->n_sm);
 #define LM_DEC(H, W, G)                                                                                              \
     lm_cuda_launch(cu, attn_dec_kernel<H, W, G>, grid, 32 * W, meta, (int)n, (int)n_head, (int)n_head_kv, (int)group, \
                    d_kv, K, V, q, window, scale, max_splits, out, outb, part, counts)

@@ -173,6 +173,7 @@ const void *lm_cuda_meta_upload(lm_cuda_backend *cu, int kind, const void *host,
     }
     m->bytes = bytes;
     m->valid = true;
+    if (mode == LM_CUDA_PASS_REPLAY) lm_cuda_replay_launch_if_staged(cu);
     return m->dev;
 }
 
@@ -677,7 +678,7 @@ extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
     /* LUMEN_CUDA_ATTN_DEC: the tensor-core decode attention from this many tokens
      * (0: never; default: above both product thresholds, cuda_attention_dec.cu) */
     const char *dec_warps = getenv("LUMEN_CUDA_ATTN_DEC_WARPS");
-    cu->attn_dec_warps = dec_warps && atoi(dec_warps) == 4 ? 4 : 8;
+    cu->attn_dec_warps = dec_warps && (atoi(dec_warps) == 4 || atoi(dec_warps) == 8) ? atoi(dec_warps) : 0;
     const char *dec = getenv("LUMEN_CUDA_ATTN_DEC");
     const int64_t dec_default = (cu->tc_max_n > cu->mv_max_n ? cu->tc_max_n : cu->mv_max_n) + 1;
     cu->attn_dec_min_n = dec && dec[0] ? (atoll(dec) > 0 ? atoll(dec) : INT64_MAX) : dec_default;
