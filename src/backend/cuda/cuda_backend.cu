@@ -173,7 +173,6 @@ const void *lm_cuda_meta_upload(lm_cuda_backend *cu, int kind, const void *host,
     }
     m->bytes = bytes;
     m->valid = true;
-    if (mode == LM_CUDA_PASS_REPLAY) lm_cuda_replay_launch_if_staged(cu);
     return m->dev;
 }
 

@@ -67,7 +67,6 @@ typedef struct lm_cuda_graph {
     uint64_t key;      /* 0: free slot                                   */
     uint64_t mem_gen;  /* cu->mem_gen when recorded: buffers it points at */
     uint64_t last_use;
-    uint32_t meta_kinds; /* the metadata kinds its copies read (bit per kind) */
     cudaGraphExec_t exec;
 } lm_cuda_graph;
 
@@ -147,11 +146,6 @@ typedef struct lm_cuda_backend {
     bool graphs_log;
     cudaEvent_t replay_ev[2];
     int64_t pass_n, timed_n; /* tokens of the current pass, of the replay being timed (0: none) */
-    /* a replay launches its graph as soon as its metadata is staged (the first op,
-     * get_rows, stages the last of it), so the GPU runs while the forward pass's
-     * remaining calls return; pass_end launches it otherwise */
-    lm_cuda_graph *pass_graph;
-    bool pass_launched;
     struct { int64_t n, count; double ms; } replay_time[8];
     int64_t profile_n; /* LUMEN_CUDA_PROFILE_N: passes of this many tokens are profiled */
     bool profiling;    /* between cudaProfilerStart and cudaProfilerStop           */
@@ -259,9 +253,6 @@ void *lm_cuda_scratch(lm_cuda_backend *cu, int slot, size_t bytes);
  * (the same positions or block tables are asked for by every layer). NULL on
  * failure (error recorded). Valid until the next call for the same kind. */
 const void *lm_cuda_meta_upload(lm_cuda_backend *cu, int kind, const void *host, size_t bytes);
-/* In a replay: launches the pass's graph if every metadata kind it reads is staged and
- * it has not been launched yet (cuda_graph.cu). */
-void lm_cuda_replay_launch_if_staged(lm_cuda_backend *cu);
 
 /* Attention/kv_store metadata for a batch, on the device: int32
  * [pos: n][table offset: n][block tables of the batch's sequences]. */
