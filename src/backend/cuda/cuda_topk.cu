@@ -27,6 +27,14 @@
  * on how many rows share the call. Rows go in chunks of at most 65535 (the grid's y)
  * and a bounded scratch; chunking changes nothing within a row.
  *
+ * A bound first, where each slice's share of it is small (k / slices <= 4): a block
+ * per slice finds the slice's m = ceil(k / slices) best keys (topk_bounds); the k-th
+ * largest of those slices x m >= k entries of the row is at most the row's k-th
+ * largest, so every slice block leaves the entries below it out before its select,
+ * and usually keeps fewer than k, which skips the radix passes (a vocabulary of 152k,
+ * k = 64: 38 slices of 2 keys). The stats still take every entry; what each slice
+ * keeps of the row's k best, and so every output, is the same.
+ *
  * Floats are compared through an order-preserving uint32 key (negatives bit-flipped,
  * positives with the sign bit set; -0 keyed as +0 since they compare equal). The
  * radix select narrows the k-th largest key down on 11, 11 and 10 bits (histograms
@@ -239,16 +247,41 @@ __device__ __forceinline__ void compact(const uint32_t (&key)[IT], unsigned pres
  * list order, to out[row][slice][k]. RAW: the list is the logits row (ids are
  * positions) and the slice's stat is written; else (key, id) candidates of a level
  * before. */
+/* The key of the row's bound: the k-th largest of its slices' n_bounds best keys
+ * (topk_bounds), found by counting (one key a thread; n_bounds <= SL_THREADS). */
+__device__ uint32_t row_bound(const uint32_t *__restrict__ b, int n_bounds, int k, uint32_t *sh_keys,
+                              uint32_t *sh_bound) {
+    const int tid = threadIdx.x;
+    if (tid < n_bounds) sh_keys[tid] = b[tid];
+    __syncthreads();
+    if (tid < n_bounds) {
+        const uint32_t mine = sh_keys[tid];
+        int gt = 0, ge = 0;
+        for (int j = 0; j < n_bounds; j++) gt += sh_keys[j] > mine, ge += sh_keys[j] >= mine;
+        if (gt < k && ge >= k) *sh_bound = mine; /* every such thread holds the same key */
+    }
+    __syncthreads();
+    return *sh_bound;
+}
+
+/* One block per (slice, row) of a list of n entries per row: the slice's k best in
+ * list order, to out[row][slice][k]. RAW: the list is the logits row (ids are
+ * positions) and the slice's stat is written; else (key, id) candidates of a level
+ * before. bounds (RAW, may be NULL): the row's slices' n_bounds / gridDim.x best keys
+ * each (topk_bounds): entries below the row's bound are left out before the select. */
 template <bool RAW>
 __global__ void __launch_bounds__(SL_THREADS, 4)
     topk_slices(const float *__restrict__ logits, const uint32_t *__restrict__ in_key,
                 const int32_t *__restrict__ in_id, int64_t n, int k, bool want_lse, uint32_t *__restrict__ out_key,
-                int32_t *__restrict__ out_id, slice_stat *__restrict__ stats) {
+                int32_t *__restrict__ out_id, slice_stat *__restrict__ stats, const uint32_t *__restrict__ bounds,
+                int n_bounds) {
     using S = select_smem<SL_THREADS, SL_ITEMS>;
     __shared__ S sm;
     __shared__ float s_max[S::NW];
     __shared__ int s_nan[S::NW];
     __shared__ double s_sum[S::NW];
+    __shared__ uint32_t s_bkeys[SL_THREADS], s_bound;
+    __shared__ int s_present[S::NW];
     lm_pdl_enter();
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -304,14 +337,32 @@ __global__ void __launch_bounds__(SL_THREADS, 4)
         if (lane == 0) s_sum[warp] = sum; /* read after the select's barriers */
     }
 
-    const cut c = radix_cut(key, present, len, k, sm);
+    /* the row's bound: every entry of the row's k best is at or above it, so the
+     * entries below are not candidates (the stats above took every entry) */
+    int n_present = len;
+    if (RAW && bounds) {
+        const uint32_t bound = row_bound(bounds + row * n_bounds, n_bounds, k, s_bkeys, &s_bound);
+#pragma unroll
+        for (int j = 0; j < SL_ITEMS; j++)
+            if (key[j] < bound) present &= ~(1u << j);
+        int cnt = __popc(present);
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) cnt += __shfl_xor_sync(0xffffffffu, cnt, off);
+        if (lane == 0) s_present[warp] = cnt;
+        __syncthreads();
+        n_present = 0;
+#pragma unroll
+        for (int w = 0; w < S::NW; w++) n_present += s_present[w];
+    }
+
+    const cut c = radix_cut(key, present, n_present, k, sm);
     const int64_t obase = ((int64_t)row * gridDim.x + slice) * k;
     compact(key, present, c, sm, [&](int j, int pos) {
         const int i = j * SL_THREADS + tid;
         out_key[obase + pos] = key[j];
         out_id[obase + pos] = RAW ? (int32_t)(start + i) : in_id[row * n + start + i];
     });
-    for (int i = min(len, k) + tid; i < k; i += SL_THREADS) { /* a short slice: padding below every float */
+    for (int i = min(n_present, k) + tid; i < k; i += SL_THREADS) { /* fewer entries: padding below every float */
         out_key[obase + i] = 0u;
         out_id[obase + i] = -1;
     }
@@ -319,6 +370,48 @@ __global__ void __launch_bounds__(SL_THREADS, 4)
         double sum = 0.0;
         for (int w = 0; w < S::NW; w++) sum += s_sum[w];
         stats[(int64_t)row * gridDim.x + slice] = slice_stat{sum, mx, nan};
+    }
+}
+
+/* One block per (slice, row) of the logits: the slice's m best keys (m <= 4, by key,
+ * equal keys by position; 0 past the slice's end) to bounds[row][slice][m]. A row's
+ * slices then hold n_slices x m >= k of its entries, whose k-th largest is at most the
+ * row's k-th largest: a bound no entry of the row's k best is below (row_bound). */
+__global__ void __launch_bounds__(SL_THREADS)
+    topk_bounds(const float *__restrict__ logits, int64_t n, int m, uint32_t *__restrict__ bounds) {
+    __shared__ unsigned long long s_best[SL_THREADS / 32];
+    lm_pdl_enter();
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int slice = blockIdx.x;
+    const int64_t row = blockIdx.y, start = (int64_t)slice * SLICE;
+    const int len = (int)min((int64_t)SLICE, n - start);
+    const float *x = logits + row * n + start;
+    /* (key, position) made one unique number: larger key first, then lower position */
+    unsigned long long item[SL_ITEMS];
+#pragma unroll
+    for (int j = 0; j < SL_ITEMS; j++) {
+        const int i = j * SL_THREADS + tid;
+        item[j] = i < len ? ((unsigned long long)order_key(x[i]) << 32) | (uint32_t)(SLICE - i) : 0ull;
+    }
+    unsigned long long prev = ~0ull;
+    for (int r = 0; r < m; r++) { /* the next best below the last one taken */
+        unsigned long long best = 0;
+#pragma unroll
+        for (int j = 0; j < SL_ITEMS; j++)
+            if (item[j] < prev && item[j] > best) best = item[j];
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+            const unsigned long long o = __shfl_xor_sync(0xffffffffu, best, off);
+            best = o > best ? o : best;
+        }
+        if (lane == 0) s_best[warp] = best;
+        __syncthreads();
+        best = 0;
+#pragma unroll
+        for (int w = 0; w < SL_THREADS / 32; w++) best = s_best[w] > best ? s_best[w] : best;
+        __syncthreads(); /* s_best is rewritten in the next round */
+        if (tid == 0) bounds[(row * gridDim.x + slice) * m + r] = (uint32_t)(best >> 32);
+        prev = best;
     }
 }
 
@@ -433,6 +526,12 @@ __global__ void __launch_bounds__(FIN_THREADS)
 }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* LUMEN_CUDA_TOPK_BOUND=0: no bound (every slice selects among all its entries) */
+bool getenv_no_bound() {
+    const char *e = getenv("LUMEN_CUDA_TOPK_BOUND");
+    return e && strcmp(e, "0") == 0;
+}
 size_t align16(size_t x) { return (x + 15) & ~(size_t)15; }
 
 } // namespace
@@ -465,6 +564,11 @@ extern "C" lm_status lm_cuda_logits_topk(lm_backend *b, const float *logits, int
         levels++;
     }
     const bool want_lse = row_lse != NULL;
+    /* the bound (topk_bounds) where each slice's share of it is small: m best keys a
+     * slice, at most 4, and at most SL_THREADS keys a row (row_bound counts them) */
+    const int64_t bound_m = ceil_div(k, n_slices);
+    const bool bound = n_slices > 1 && bound_m <= 4 && n_slices * bound_m <= SL_THREADS && !getenv_no_bound();
+    const int n_bounds = bound ? (int)(n_slices * bound_m) : 0;
 
     /* scratch: [ids n_rows*k][vals n_rows*k][max n_rows][lse n_rows], then a chunk's
      * work: [stats rows][slices] [list A keys, ids: rows x n_list[0]] [list B: rows x
@@ -472,14 +576,15 @@ extern "C" lm_status lm_cuda_logits_topk(lm_backend *b, const float *logits, int
     const size_t nk = (size_t)n_rows * (size_t)k, nr = (size_t)n_rows;
     const size_t out_bytes = align16((2 * nk + 2 * nr) * sizeof(float));
     const size_t per_row = sizeof(slice_stat) * (size_t)n_slices + 8 * (size_t)n_list[0] +
-                           (levels > 1 ? 8 * (size_t)n_list[1] : 0);
+                           (levels > 1 ? 8 * (size_t)n_list[1] : 0) + 4 * (size_t)n_bounds;
     int64_t chunk = (int64_t)(CHUNK_BYTES / per_row);
     chunk = chunk < 1 ? 1 : chunk > 65535 ? 65535 : chunk;
     if (chunk > n_rows) chunk = n_rows;
     const size_t a_len = (size_t)chunk * (size_t)n_list[0], b_len = levels > 1 ? (size_t)chunk * (size_t)n_list[1] : 0;
     const size_t stats_bytes = sizeof(slice_stat) * (size_t)chunk * (size_t)n_slices;
-    char *dev = (char *)lm_cuda_scratch(cu, LM_CUDA_SCR_TOPK,
-                                        out_bytes + stats_bytes + align16(8 * a_len) + align16(8 * b_len));
+    const size_t bounds_bytes = align16(4 * (size_t)chunk * (size_t)n_bounds);
+    char *dev = (char *)lm_cuda_scratch(cu, LM_CUDA_SCR_TOPK, out_bytes + stats_bytes + align16(8 * a_len) +
+                                                                  align16(8 * b_len) + bounds_bytes);
     if (!dev) return lm_cuda_take_error(cu);
     int32_t *d_ids = (int32_t *)dev;
     float *d_vals = (float *)(d_ids + nk), *d_max = d_vals + nk, *d_lse = d_max + nr;
@@ -488,20 +593,27 @@ extern "C" lm_status lm_cuda_logits_topk(lm_backend *b, const float *logits, int
     int32_t *id_a = (int32_t *)(key_a + a_len);
     uint32_t *key_b = (uint32_t *)((char *)key_a + align16(8 * a_len));
     int32_t *id_b = (int32_t *)(key_b + b_len);
+    uint32_t *d_bounds = bound ? (uint32_t *)((char *)key_b + align16(8 * b_len)) : NULL;
 
     bool ok = true;
     for (int64_t r0 = 0; ok && r0 < n_rows; r0 += chunk) {
         const unsigned rows = (unsigned)(n_rows - r0 < chunk ? n_rows - r0 : chunk);
         const float *x = logits + r0 * n_vocab;
+        if (bound) {
+            lm_cuda_launch(cu, topk_bounds, dim3((unsigned)n_slices, rows), SL_THREADS, x, n_vocab, (int)bound_m,
+                           d_bounds);
+            ok = lm_cuda_launched(cu, "topk_bounds");
+        }
         lm_cuda_launch(cu, topk_slices<true>, dim3((unsigned)n_slices, rows), SL_THREADS, x, (const uint32_t *)NULL,
-                       (const int32_t *)NULL, n_vocab, k, want_lse, key_a, id_a, d_stats);
-        ok = lm_cuda_launched(cu, "topk_slices (logits)");
+                       (const int32_t *)NULL, n_vocab, k, want_lse, key_a, id_a, d_stats, (const uint32_t *)d_bounds,
+                       n_bounds);
+        ok = ok && lm_cuda_launched(cu, "topk_slices (logits)");
         uint32_t *src_key = key_a, *dst_key = key_b;
         int32_t *src_id = id_a, *dst_id = id_b;
         for (int l = 1; ok && l < levels; l++) {
             lm_cuda_launch(cu, topk_slices<false>, dim3((unsigned)ceil_div(n_list[l - 1], SLICE), rows), SL_THREADS,
                            (const float *)NULL, (const uint32_t *)src_key, (const int32_t *)src_id, n_list[l - 1], k,
-                           false, dst_key, dst_id, (slice_stat *)NULL);
+                           false, dst_key, dst_id, (slice_stat *)NULL, (const uint32_t *)NULL, 0);
             ok = lm_cuda_launched(cu, "topk_slices (candidates)");
             uint32_t *tk = src_key;
             int32_t *ti = src_id;
