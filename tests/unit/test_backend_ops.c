@@ -762,8 +762,8 @@ static void test_attention(void) {
         {8, 2, 64, 0, LM_DTYPE_F32},    {8, 2, 64, 0, LM_DTYPE_F16},   {12, 2, 128, 0, LM_DTYPE_F16},
         {12, 2, 128, 0, LM_DTYPE_F32},  {4, 1, 256, 37, LM_DTYPE_F16}, {4, 1, 256, 700, LM_DTYPE_F32},
         {4, 4, 64, 0, LM_DTYPE_F16},    {6, 3, 16, 8, LM_DTYPE_F32},
-        /* 48 tokens x 8 KV heads: more blocks than the decode kernel's 8-warp form
-         * takes on the H200 (2 per SM), so its 4-warp form */
+        /* 48 tokens x 8 KV heads: more blocks than the decode kernel gives 8 warps
+         * (twice the SMs: 264 on the H200), so its 4-warp form */
         {16, 8, 64, 0, LM_DTYPE_F16},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_attention_case(&cases[i]);

@@ -9,7 +9,7 @@
  * positions costs 16 products where the scalar kernel (cuda_attention.cu) spent a
  * lane's fused multiply-adds per position and dimension. A split is DEC_SPLIT_KB KV
  * blocks (256 positions) of the token's context; the block's warps (8 for batches of
- * few blocks, else 4; see the launch) take them in turn (warp w: blocks w, w + 8, ...),
+ * few blocks, else 4; see the launch) take them in turn (warp w of W: blocks w, w + W, ...),
  * each an online softmax over its blocks
  * (tc_attend_block, as the prefill kernel), and the warps' states are merged in shared
  * memory in warp order. A token with several splits has each write its state and the

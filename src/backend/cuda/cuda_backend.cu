@@ -676,11 +676,13 @@ extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
     cu->gemm_chunk = chunk && atoll(chunk) >= 16 && atoll(chunk) <= 4096 ? atoll(chunk) / 16 * 16 : 64;
     /* LUMEN_CUDA_ATTN_DEC: the tensor-core decode attention from this many tokens
      * (0: never; default: above both product thresholds, cuda_attention_dec.cu) */
-    const char *dec_warps = getenv("LUMEN_CUDA_ATTN_DEC_WARPS");
-    cu->attn_dec_warps = dec_warps && (atoi(dec_warps) == 4 || atoi(dec_warps) == 8) ? atoi(dec_warps) : 0;
     const char *dec = getenv("LUMEN_CUDA_ATTN_DEC");
     const int64_t dec_default = (cu->tc_max_n > cu->mv_max_n ? cu->tc_max_n : cu->mv_max_n) + 1;
     cu->attn_dec_min_n = dec && dec[0] ? (atoll(dec) > 0 ? atoll(dec) : INT64_MAX) : dec_default;
+    /* LUMEN_CUDA_ATTN_DEC_WARPS=4 or 8: that kernel's warps a block (default: by the
+     * batch's size, lm_cuda_attention_dec) */
+    const char *dec_warps = getenv("LUMEN_CUDA_ATTN_DEC_WARPS");
+    cu->attn_dec_warps = dec_warps && (atoi(dec_warps) == 4 || atoi(dec_warps) == 8) ? atoi(dec_warps) : 0;
     lm_status st = LM_OK;
     int pools = 0;
     if ((e = cudaSetDevice(device)) != cudaSuccess ||

@@ -243,10 +243,6 @@ __device__ __forceinline__ void compact(const uint32_t (&key)[IT], unsigned pres
     }
 }
 
-/* One block per (slice, row) of a list of n entries per row: the slice's k best in
- * list order, to out[row][slice][k]. RAW: the list is the logits row (ids are
- * positions) and the slice's stat is written; else (key, id) candidates of a level
- * before. */
 /* The key of the row's bound: the k-th largest of its slices' n_bounds best keys
  * (topk_bounds), found by counting (one key a thread; n_bounds <= SL_THREADS). */
 __device__ uint32_t row_bound(const uint32_t *__restrict__ b, int n_bounds, int k, uint32_t *sh_keys,
@@ -528,7 +524,7 @@ __global__ void __launch_bounds__(FIN_THREADS)
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 /* LUMEN_CUDA_TOPK_BOUND=0: no bound (every slice selects among all its entries) */
-bool getenv_no_bound() {
+bool bound_turned_off() {
     const char *e = getenv("LUMEN_CUDA_TOPK_BOUND");
     return e && strcmp(e, "0") == 0;
 }
@@ -567,7 +563,7 @@ extern "C" lm_status lm_cuda_logits_topk(lm_backend *b, const float *logits, int
     /* the bound (topk_bounds) where each slice's share of it is small: m best keys a
      * slice, at most 4, and at most SL_THREADS keys a row (row_bound counts them) */
     const int64_t bound_m = ceil_div(k, n_slices);
-    const bool bound = n_slices > 1 && bound_m <= 4 && n_slices * bound_m <= SL_THREADS && !getenv_no_bound();
+    const bool bound = n_slices > 1 && bound_m <= 4 && n_slices * bound_m <= SL_THREADS && !bound_turned_off();
     const int n_bounds = bound ? (int)(n_slices * bound_m) : 0;
 
     /* scratch: [ids n_rows*k][vals n_rows*k][max n_rows][lse n_rows], then a chunk's
