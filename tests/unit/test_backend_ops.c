@@ -769,6 +769,101 @@ static void test_attention(void) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_attention_case(&cases[i]);
 }
 
+/* A decode step's Q/K/V product (packed weights, the GEMM path), qkv_finish and
+ * attention called back to back, where the backend may run qkv_finish inside the
+ * attention's blocks: q, k, v, the cache and the attention's output bit-equal to the
+ * same calls with a download after the product (which splits the product and runs
+ * qkv_finish on its own). Contexts of 20 to 527 positions: one split and several. */
+static void test_qkv_attention_fused(void) {
+    if (!g_gpu->ops->qkv_finish || !g_gpu->ops->matmul_many || !g_gpu->ops->weight_pack) {
+        printf("  %-10s %-40s\n", "qkv+attn", "no fused ops (LUMEN_CUDA_FUSED=0?): skipped");
+        return;
+    }
+    enum { N = 40, HD = 128, NH = 12, NKV = 2, D = 256, BS = 16 };
+    const int64_t rows[3] = {NH * HD, NKV * HD, NKV * HD}, d_kv = NKV * HD, max_ctx = 20 + 13 * (N - 1) + 1;
+    test_weight w[3];
+    lm_weight *gw[3] = {NULL, NULL, NULL};
+    for (int k = 0; k < 3; k++) {
+        make_weight(&w[k], LM_DTYPE_BF16, rows[k], D);
+        CHECK(g_gpu->ops->weight_create(g_gpu, &w[k].t, &gw[k]) == LM_OK);
+    }
+    lm_kv_cache *kv = NULL;
+    const int64_t n_blocks = (max_ctx / BS + 1) * N;
+    CHECK(lm_kv_cache_create(g_gpu, 1, d_kv, BS, n_blocks, N, LM_DTYPE_F16, &kv) == LM_OK);
+    if (!gw[0] || !gw[1] || !gw[2] || !kv) return;
+    g_gpu->ops->weight_pack(g_gpu, gw, 3);
+    /* sequence s: 20 + 13 s positions, the last one this step's */
+    int32_t pos[N], seq[N];
+    int64_t ctx_total = 0;
+    for (int s = 0; s < N; s++) {
+        pos[s] = 20 + 13 * s - 1, seq[s] = s;
+        CHECK(lm_kv_cache_reserve(kv, s, pos[s] + 1) == LM_OK);
+        ctx_total += pos[s];
+    }
+    /* the earlier positions' keys and values */
+    int32_t *cpos = malloc(sizeof(int32_t) * (size_t)ctx_total), *cseq = malloc(sizeof(int32_t) * (size_t)ctx_total);
+    float *ck = fmalloc(ctx_total * d_kv), *cv = fmalloc(ctx_total * d_kv);
+    for (int s = 0, t = 0; s < N; s++)
+        for (int p = 0; p < pos[s]; p++) cpos[t] = p, cseq[t++] = s;
+    fill(ck, ctx_total * d_kv, 1.0f);
+    fill(cv, ctx_total * d_kv, 1.0f);
+    float *dck = gpu_upload(ck, sizeof(float) * (size_t)(ctx_total * d_kv));
+    float *dcv = gpu_upload(cv, sizeof(float) * (size_t)(ctx_total * d_kv));
+    lm_attn_batch ctx = {ctx_total, cpos, cseq};
+    g_gpu->ops->kv_store(g_gpu, kv, 0, &ctx, dck, dcv);
+    /* the step */
+    float *x = fmalloc(N * D), *bias = fmalloc(NH * HD + 2 * d_kv);
+    fill(x, N * D, 1.0f);
+    fill(bias, NH * HD + 2 * d_kv, 0.5f);
+    float *dx = gpu_upload(x, sizeof(float) * N * D), *dbias = gpu_upload(bias, sizeof(float) * (NH * HD + 2 * d_kv));
+    float *dy[3], *dout = g_gpu->ops->alloc(g_gpu, sizeof(float) * N * NH * HD);
+    for (int k = 0; k < 3; k++) dy[k] = g_gpu->ops->alloc(g_gpu, sizeof(float) * (size_t)(N * rows[k]));
+    lm_attn_batch step = {N, pos, seq};
+    lm_qkv_finish f = {dy[0], dy[1], dy[2], dbias, dbias + NH * HD, dbias + NH * HD + d_kv, NULL, NULL, 1e-6f,
+                       NH, NKV, HD, HD, 1e6f, 1.0f, LM_ROPE_NEOX};
+    const size_t cache_bytes = (size_t)(n_blocks * BS * d_kv) * kv->elem_size;
+    uint8_t *cache[2][2];
+    float *got[2][4];
+    for (int run = 0; run < 2; run++) { /* 0: back to back; 1: a download after the product */
+        CHECK(g_gpu->ops->matmul_many(g_gpu, (const lm_weight *const *)gw, 3, dx, N, dy) == LM_OK);
+        if (run == 1) {
+            float one;
+            gpu_download(&one, dy[0], sizeof one);
+        }
+        g_gpu->ops->qkv_finish(g_gpu, kv, 0, &step, &f);
+        CHECK(g_gpu->ops->attention(g_gpu, kv, 0, &step, dy[0], NH, NKV, HD, 0, 1.0f / sqrtf((float)HD), dout) ==
+              LM_OK);
+        for (int k = 0; k < 3; k++) {
+            got[run][k] = fmalloc(N * rows[k]);
+            gpu_download(got[run][k], dy[k], sizeof(float) * (size_t)(N * rows[k]));
+        }
+        got[run][3] = fmalloc(N * NH * HD);
+        gpu_download(got[run][3], dout, sizeof(float) * N * NH * HD);
+        for (int c = 0; c < 2; c++) {
+            cache[run][c] = malloc(cache_bytes);
+            gpu_download(cache[run][c], c ? kv->v : kv->k, cache_bytes);
+        }
+    }
+    bool same = memcmp(cache[0][0], cache[1][0], cache_bytes) == 0 && memcmp(cache[0][1], cache[1][1], cache_bytes) == 0;
+    for (int k = 0; k < 3; k++) same = same && bit_equal(got[0][k], got[1][k], N * rows[k]);
+    same = same && bit_equal(got[0][3], got[1][3], N * NH * HD);
+    printf("  %-10s %-40s %s\n", "qkv+attn", "BF16 packed, 40 decode tokens, hd 128 12/2",
+           same ? "back to back == apart (q, k, v, cache, output bit-equal)" : "DIFFER");
+    CHECK(same);
+    for (int run = 0; run < 2; run++) {
+        for (int k = 0; k < 4; k++) free(got[run][k]);
+        free(cache[run][0]), free(cache[run][1]);
+    }
+    gpu_free(dx), gpu_free(dbias), gpu_free(dout), gpu_free(dck), gpu_free(dcv);
+    for (int k = 0; k < 3; k++) gpu_free(dy[k]);
+    free(x), free(bias), free(ck), free(cv), free(cpos), free(cseq);
+    lm_kv_cache_free(kv);
+    for (int k = 0; k < 3; k++) {
+        g_gpu->ops->weight_free(g_gpu, gw[k]);
+        free_weight(&w[k]);
+    }
+}
+
 /* ---- end to end: tiny random models -------------------------------------------- */
 
 enum { E2E_TOK = 23 };
@@ -1001,6 +1096,7 @@ int main(void) {
     test_rope();
     test_activations();
     test_attention();
+    test_qkv_attention_fused();
     test_models();
     printf("%d comparisons, %d over tolerance\n", g_n_checks, g_n_bad);
     lm_backend_free(g_gpu);

@@ -286,10 +286,13 @@ int lm_cuda_attn_max_splits(const lm_attn_batch *batch, int64_t window) {
     return max_splits;
 }
 
-extern "C" lm_status lm_cuda_attention(lm_backend *b, const lm_kv_cache *kv, int64_t layer,
-                                       const lm_attn_batch *batch, const float *q, int64_t n_head, int64_t n_head_kv,
-                                       int64_t head_dim, int64_t window, float scale, float *out) {
-    lm_cuda_backend *cu = lm_cuda(b);
+/* The attention call, with `dec`: whether it takes the tensor-core decode kernel (as
+ * decided by lm_cuda_attention), and `fin`: the qkv_finish before it, left pending,
+ * for that kernel to run (*used: it did). */
+static lm_status attention_run(lm_cuda_backend *cu, lm_backend *b, const lm_kv_cache *kv, int64_t layer,
+                               const lm_attn_batch *batch, const float *q, int64_t n_head, int64_t n_head_kv,
+                               int64_t head_dim, int64_t window, float scale, float *out, bool dec,
+                               const lm_cuda_finish *fin, bool *used) {
     lm_cuda_enter(cu);
     const bool in_pass = lm_cuda_recorded_pass(cu); /* errors wait for pass_end */
     lm_status st = in_pass ? LM_OK : lm_cuda_take_error(cu);
@@ -330,10 +333,10 @@ extern "C" lm_status lm_cuda_attention(lm_backend *b, const lm_kv_cache *kv, int
         counts = (int *)lm_cuda_scratch(cu, LM_CUDA_SCR_COUNTS, (size_t)items * sizeof(int));
         if (!part || !counts) return in_pass ? LM_OK : lm_cuda_take_error(cu);
     }
-    if (n >= cu->attn_dec_min_n && lm_cuda_attention_dec_supports(kv, n_head, n_head_kv, head_dim) &&
-        decode_batch(batch)) {
+    if (dec) {
         lm_cuda_attention_dec(cu, kv, layer, batch, meta, q, n_head, n_head_kv, head_dim, window, scale, max_splits,
-                              out, outb, part, counts);
+                              out, outb, part, counts, fin ? &fin->a : NULL);
+        *used = fin != NULL;
         return in_pass ? LM_OK : lm_cuda_take_error(cu);
     }
     const int64_t d_kv = kv->n_embd_kv;
@@ -353,4 +356,25 @@ extern "C" lm_status lm_cuda_attention(lm_backend *b, const lm_kv_cache *kv, int
 #undef LM_ATTN
     lm_cuda_launched(cu, "attn_kernel");
     return in_pass ? LM_OK : lm_cuda_take_error(cu);
+}
+
+extern "C" lm_status lm_cuda_attention(lm_backend *b, const lm_kv_cache *kv, int64_t layer,
+                                       const lm_attn_batch *batch, const float *q, int64_t n_head, int64_t n_head_kv,
+                                       int64_t head_dim, int64_t window, float scale, float *out) {
+    lm_cuda_backend *cu = lm_cuda(b);
+    /* decode batches of more than tc_max_n tokens take the tensor-core decode kernel
+     * (cuda_attention_dec.cu); the engine's mixed batches of prompt chunks and decode
+     * steps do not */
+    const bool dec = batch->n_tokens >= cu->attn_dec_min_n && kv->backend == b && n_head_kv > 0 &&
+                     n_head % n_head_kv == 0 && n_head_kv * head_dim == kv->n_embd_kv &&
+                     lm_cuda_attention_dec_supports(kv, n_head, n_head_kv, head_dim) && decode_batch(batch);
+    /* that kernel runs a qkv_finish left pending before it in its blocks: taken before
+     * entering (which would run it), put back if the call ends before its launch */
+    lm_cuda_finish fin;
+    const bool taken = dec && lm_cuda_finish_take(cu, kv, layer, q, batch->n_tokens, &fin);
+    bool used = false;
+    const lm_status st = attention_run(cu, b, kv, layer, batch, q, n_head, n_head_kv, head_dim, window, scale, out,
+                                       dec, taken ? &fin : NULL, &used);
+    if (taken && !used) lm_cuda_finish_put_back(cu, &fin);
+    return st;
 }

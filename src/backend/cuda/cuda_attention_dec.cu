@@ -42,17 +42,63 @@
 
 enum { DEC_MAX_GROUP = 16, DEC_SPLIT_KB = 16 };
 
+/* The qkv_finish of this block's heads (FIN: the op was left to this kernel,
+ * cuda_qkv_finish.cu): the group's query rows from the packed product, biased and
+ * rotated as qkv_finish_kernel does them, into q_fin (and, by split 0, into q); the
+ * split holding the token's own position also makes its KV head's key and value and
+ * writes them to k, v and the cache before any warp reads the cache. */
+template <int HD, int THREADS>
+__device__ void dec_finish(const qf_args &f, const float *cs, const float *sn, int t, int hk, int h0, int group,
+                           bool first, bool last, int64_t slot, float (*q_fin)[HD], float (*kv_fin)[HD]) {
+    const int q_dim = f.n_head * HD, kv_dim = f.n_head_kv * HD, half = f.n_rot / 2;
+    const float *in = f.in + (int64_t)t * (q_dim + 2 * kv_dim);
+    for (int e = threadIdx.x; e < group * HD; e += THREADS) {
+        const int i = (h0 + e / HD) * HD + e % HD;
+        q_fin[e / HD][e % HD] = f.bq ? __fadd_rn(in[i], f.bq[i]) : in[i];
+    }
+    if (last)
+        for (int e = threadIdx.x; e < 2 * HD; e += THREADS) {
+            const int which = e / HD, i = hk * HD + e % HD; /* 0: the key, 1: the value */
+            const float *b = which ? f.bv : f.bk;
+            const float x = in[q_dim + which * kv_dim + i];
+            kv_fin[which][e % HD] = b ? __fadd_rn(x, b[i]) : x;
+        }
+    __syncthreads();
+    const int rows = group + (last ? 1 : 0); /* the query rows, then the key */
+    for (int e = threadIdx.x; e < rows * half; e += THREADS) {
+        const int r = e / half, i = e % half;
+        lm_cuda_rope_rotate(r < group ? q_fin[r] : kv_fin[0], i, half, f.neox, cs[i], sn[i]);
+    }
+    __syncthreads();
+    if (first)
+        for (int e = threadIdx.x; e < group * HD; e += THREADS)
+            f.q[((int64_t)t * f.n_head + h0) * HD + e] = q_fin[e / HD][e % HD];
+    if (last) {
+        for (int e = threadIdx.x; e < HD; e += THREADS) {
+            const int64_t i = (int64_t)t * kv_dim + hk * HD + e, c = slot * kv_dim + hk * HD + e;
+            f.k[i] = kv_fin[0][e], f.v[i] = kv_fin[1][e];
+            ((__half *)f.K)[c] = __float2half_rn(kv_fin[0][e]);
+            ((__half *)f.V)[c] = __float2half_rn(kv_fin[1][e]);
+        }
+        __threadfence(); /* the warps' key and value loads below read the slot */
+    }
+    __syncthreads();
+}
+
 /* WARPS warps a block; MAXG: the most query heads per KV head it takes (the shared
- * memory of the warps' merge holds WARPS x MAXG rows). */
-template <int HD, int WARPS, int MAXG>
+ * memory of the warps' merge holds WARPS x MAXG rows). FIN: the qkv_finish before it
+ * runs here (fin; dec_finish). */
+template <int HD, int WARPS, int MAXG, bool FIN>
 __global__ void __launch_bounds__(32 * WARPS)
     attn_dec_kernel(const int32_t *__restrict__ meta, int n, int n_head, int n_head_kv, int group, int64_t d_kv,
                     const __half *__restrict__ K, const __half *__restrict__ V, const float *__restrict__ q,
                     int64_t window, float scale, int max_splits, float *__restrict__ out,
-                    __nv_bfloat16 *__restrict__ outb, float *__restrict__ part, int *__restrict__ counts) {
+                    __nv_bfloat16 *__restrict__ outb, float *__restrict__ part, int *__restrict__ counts,
+                    const __grid_constant__ qf_args fin) {
     constexpr int THREADS = 32 * WARPS;
     __shared__ float o_sh[WARPS][MAXG][HD + 1]; /* +1: rows fall in other banks */
     __shared__ float ml_sh[WARPS][MAXG][2];
+    __shared__ float q_fin[FIN ? MAXG : 1][HD], kv_fin[FIN ? 2 : 1][HD], cs[HD / 2], sn[HD / 2];
     __shared__ int last_sh;
     /* the token's place and block table first, while the kernel before this one still
      * runs: the metadata was copied before it (cuda_qkv_finish.cu does the same) */
@@ -64,11 +110,17 @@ __global__ void __launch_bounds__(32 * WARPS)
     if (split >= n_split) return; /* a recorded pass's grid holds its longest context */
     const int kb_begin = kb_lo + split * DEC_SPLIT_KB, kb_end = min(kb_last, kb_begin + DEC_SPLIT_KB - 1);
     const int32_t *table = meta + meta[n + t];
+    if (FIN)
+        for (int i = threadIdx.x; i < fin.n_rot / 2; i += THREADS)
+            lm_cuda_rope_cs(p, fin.freq_scale, fin.theta, i, fin.n_rot, &cs[i], &sn[i]);
     lm_pdl_enter();
+    if (FIN)
+        dec_finish<HD, THREADS>(fin, cs, sn, t, hk, h0, group, split == 0, split == n_split - 1,
+                                (int64_t)table[p / TC_ROWS] * TC_ROWS + p % TC_ROWS, q_fin, kv_fin);
     /* the group's query heads are the rows */
     uint32_t qa[HD / 16][4];
     float o[HD / 8][4], m[2], l[2];
-    tc_start_rows<HD>(q + ((int64_t)t * n_head + h0) * HD, HD, group, g, c2, qa, o, m, l);
+    tc_start_rows<HD>(FIN ? &q_fin[0][0] : q + ((int64_t)t * n_head + h0) * HD, HD, group, g, c2, qa, o, m, l);
 
     const int64_t head_off = (int64_t)hk * HD;
     const int kb_first = kb_begin + warp;
@@ -130,7 +182,7 @@ bool lm_cuda_attention_dec_supports(const lm_kv_cache *kv, int64_t n_head, int64
 void lm_cuda_attention_dec(lm_cuda_backend *cu, const lm_kv_cache *kv, int64_t layer, const lm_attn_batch *batch,
                            const int32_t *meta, const float *q, int64_t n_head, int64_t n_head_kv, int64_t head_dim,
                            int64_t window, float scale, int max_splits, float *out, __nv_bfloat16 *outb, float *part,
-                           int *counts) {
+                           int *counts, const qf_args *fin) {
     const int64_t n = batch->n_tokens, group = n_head / n_head_kv;
     const int64_t d_kv = kv->n_embd_kv;
     const size_t layer_off = (size_t)(layer * kv->n_blocks * kv->block_size * d_kv) * kv->elem_size;
@@ -146,13 +198,18 @@ void lm_cuda_attention_dec(lm_cuda_backend *cu, const lm_kv_cache *kv, int64_t l
      * forces one. */
     const int64_t items = n * n_head_kv;
     const bool eight = group <= 8 && (cu->attn_dec_warps ? cu->attn_dec_warps == 8 : items <= 2 * (int64_t)cu->n_sm);
-#define LM_DEC(H, W, G)                                                                                              \
-    lm_cuda_launch(cu, attn_dec_kernel<H, W, G>, grid, 32 * W, meta, (int)n, (int)n_head, (int)n_head_kv, (int)group, \
-                   d_kv, K, V, q, window, scale, max_splits, out, outb, part, counts)
+    qf_args none;
+    memset(&none, 0, sizeof none);
+    const qf_args &f = fin ? *fin : none;
+#define LM_DEC(H, W, G, F)                                                                                           \
+    lm_cuda_launch(cu, attn_dec_kernel<H, W, G, F>, grid, 32 * W, meta, (int)n, (int)n_head, (int)n_head_kv,          \
+                   (int)group, d_kv, K, V, q, window, scale, max_splits, out, outb, part, counts, f)
+#define LM_DEC_WARPS(H, F) (eight ? LM_DEC(H, 8, 8, F) : LM_DEC(H, 4, DEC_MAX_GROUP, F))
     if (head_dim == 64)
-        eight ? LM_DEC(64, 8, 8) : LM_DEC(64, 4, DEC_MAX_GROUP);
+        fin ? LM_DEC_WARPS(64, true) : LM_DEC_WARPS(64, false);
     else
-        eight ? LM_DEC(128, 8, 8) : LM_DEC(128, 4, DEC_MAX_GROUP);
+        fin ? LM_DEC_WARPS(128, true) : LM_DEC_WARPS(128, false);
+#undef LM_DEC_WARPS
 #undef LM_DEC
     lm_cuda_launched(cu, "attn_dec_kernel");
 }

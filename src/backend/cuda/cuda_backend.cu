@@ -44,6 +44,7 @@ void lm_cuda_enter(lm_cuda_backend *cu) {
     if (cudaGetDevice(&cur) != cudaSuccess || cur != cu->device) lm_cuda_ok(cu, cudaSetDevice(cu->device), "cudaSetDevice");
     cu->op_seq++;
     if (cu->qkv_pending.ys) lm_cuda_qkv_split(cu); /* the op after the product is not its qkv_finish */
+    if (cu->finish_pending.on) lm_cuda_finish_flush(cu); /* nor is the op after qkv_finish its attention */
 }
 
 /* ---- memory ------------------------------------------------------------------- */
@@ -681,6 +682,8 @@ extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
     cu->attn_dec_min_n = dec && dec[0] ? (atoll(dec) > 0 ? atoll(dec) : INT64_MAX) : dec_default;
     /* LUMEN_CUDA_ATTN_DEC_WARPS=4 or 8: that kernel's warps a block (default: by the
      * batch's size, lm_cuda_attention_dec) */
+    const char *fin = getenv("LUMEN_CUDA_FINISH_IN_ATTN"); /* 0: qkv_finish always runs on its own */
+    cu->finish_in_attention = !(fin && strcmp(fin, "0") == 0);
     const char *dec_warps = getenv("LUMEN_CUDA_ATTN_DEC_WARPS");
     cu->attn_dec_warps = dec_warps && (atoi(dec_warps) == 4 || atoi(dec_warps) == 8) ? atoi(dec_warps) : 0;
     lm_status st = LM_OK;

@@ -70,6 +70,27 @@ typedef struct lm_cuda_graph {
     cudaGraphExec_t exec;
 } lm_cuda_graph;
 
+/* The arguments of the qkv_finish kernel (cuda_qkv_finish.cu), kept whole when the
+ * op is left for the attention after it to run (finish_pending). */
+typedef struct qf_args {
+    float *q, *k, *v;
+    const float *in; /* the packed Q/K/V product [n][q + k + v] to read, or NULL: q, k, v */
+    const float *bq, *bk, *bv, *q_norm, *k_norm;
+    float eps, theta, freq_scale;
+    int n_head, n_head_kv, hd, n_rot, neox;
+    int64_t n, bs;
+    void *K, *V; /* this layer's cache */
+} qf_args;
+
+/* A qkv_finish left for the attention after it: its kernel's arguments and the call's. */
+typedef struct lm_cuda_finish {
+    bool on;
+    qf_args a;
+    const int32_t *meta;
+    const void *kv;
+    int64_t layer;
+} lm_cuda_finish;
+
 typedef struct lm_cuda_backend {
     lm_backend base;
     lm_backend_ops ops; /* base.ops points here */
@@ -92,6 +113,7 @@ typedef struct lm_cuda_backend {
     int64_t attn_dec_min_n; /* attention: tensor-core decode kernel from this many tokens */
     int attn_dec_warps;     /* attention: that kernel's warps a block, 0: by the batch (LUMEN_CUDA_ATTN_DEC_WARPS) */
     bool fused;        /* fused ops on (LUMEN_CUDA_FUSED=0 turns them off)       */
+    bool finish_in_attention; /* qkv_finish left to the decode attention (LUMEN_CUDA_FINISH_IN_ATTN=0: never) */
     uint64_t op_seq;   /* entry points entered so far (lm_cuda_enter)           */
     /* the bf16 copy of its output the op before left in the XB scratch for a GEMM
      * (lm_cuda_gemm_input): its source, element count and op_seq */
@@ -107,6 +129,10 @@ typedef struct lm_cuda_backend {
         float *y[3];
         int rows[3];
     } qkv_pending;
+    /* a qkv_finish on a packed Q/K/V product not yet run (cuda_qkv_finish.cu): the
+     * tensor-core decode attention right after it runs it as its blocks start
+     * (lm_cuda_finish_take); any other op runs it as it enters (lm_cuda_enter). */
+    lm_cuda_finish finish_pending;
     /* attention metadata built on the host: [pos: n][table offset: n][tables] */
     int32_t *attn_host;
     size_t attn_host_cap;
@@ -349,6 +375,22 @@ __device__ __forceinline__ double lm_cuda_rope_angle(int32_t pos, float freq_sca
     return (double)pos * (double)freq_scale * pow((double)theta, -2.0 * (double)i / (double)n_rot);
 }
 
+/* cos and sin of RoPE pair i's angle at pos, as every kernel that rotates takes them. */
+__device__ __forceinline__ void lm_cuda_rope_cs(int32_t pos, float freq_scale, float theta, int i, int n_rot, float *c,
+                                                float *s) {
+    const double angle = lm_cuda_rope_angle(pos, freq_scale, theta, i, n_rot);
+    *c = (float)cos(angle), *s = (float)sin(angle);
+}
+
+/* Pair i of head x rotated by (c, s): dimensions (i, i + half) in NEOX mode, else
+ * (2i, 2i + 1); each product and sum rounded on its own. */
+__device__ __forceinline__ void lm_cuda_rope_rotate(float *x, int i, int half, bool neox, float c, float s) {
+    const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+    const float x0 = x[i0], x1 = x[i1];
+    x[i0] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+    x[i1] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+}
+
 /* Blocks for a grid-stride loop over n items with `threads` per block. */
 static inline unsigned lm_cuda_blocks(int64_t n, int threads) {
     int64_t b = (n + threads - 1) / threads;
@@ -393,13 +435,25 @@ bool lm_cuda_attention_tc(lm_cuda_backend *cu, const lm_kv_cache *kv, int64_t la
                           __nv_bfloat16 *outb);
 /* Tensor-core decode attention (cuda_attention_dec.cu): whether it serves this cache
  * and these heads; the launch over a grid of max_splits splits (part and counts: the
- * scalar kernel's scratch, enough for it; NULL when max_splits is 1). Errors are
+ * scalar kernel's scratch, enough for it; NULL when max_splits is 1); fin (may be
+ * NULL): the qkv_finish before it, on a packed product, run by its blocks. Errors are
  * recorded. */
 bool lm_cuda_attention_dec_supports(const lm_kv_cache *kv, int64_t n_head, int64_t n_head_kv, int64_t head_dim);
 void lm_cuda_attention_dec(lm_cuda_backend *cu, const lm_kv_cache *kv, int64_t layer, const lm_attn_batch *batch,
                            const int32_t *meta, const float *q, int64_t n_head, int64_t n_head_kv, int64_t head_dim,
                            int64_t window, float scale, int max_splits, float *out, __nv_bfloat16 *outb, float *part,
-                           int *counts);
+                           int *counts, const qf_args *fin);
+/* The pending qkv_finish (finish_pending) if it is the one before this attention
+ * (same cache, layer, q and token count): taken into *f (true), the caller runs it or
+ * puts it back; else false. Before lm_cuda_enter, which would run it. */
+bool lm_cuda_finish_take(lm_cuda_backend *cu, const void *kv, int64_t layer, const float *q, int64_t n,
+                         lm_cuda_finish *f);
+/* A taken qkv_finish made pending again (its caller did not run it): the next op runs it. */
+void lm_cuda_finish_put_back(lm_cuda_backend *cu, const lm_cuda_finish *f);
+/* The pending qkv_finish run now by its own kernel. */
+void lm_cuda_finish_flush(lm_cuda_backend *cu);
+/* qkv_finish's kernel on a (taken) finish's arguments. */
+void lm_cuda_finish_run(lm_cuda_backend *cu, const qf_args &a, const int32_t *meta, bool f16);
 lm_status lm_cuda_pass_begin(lm_backend *b, uint64_t key, const struct lm_kv_cache *kv, const lm_attn_batch *batch);
 lm_status lm_cuda_pass_end(lm_backend *b);
 void lm_cuda_graphs_free(lm_cuda_backend *cu);

@@ -4,20 +4,13 @@
  * computed exactly as its own op computes it (same roundings, same summation order:
  * lm_cuda_block_sum_sq, lm_cuda_rope_angle), so the results are bit-identical.
  * Right after a packed Q/K/V product (cuda_matmul.cu) it reads q, k and v from the
- * product's output, which is then never split into them by a launch of its own. */
+ * product's output, which is then never split into them by a launch of its own; and
+ * there, with an F16 cache and no per-head norms, it is left pending for the
+ * tensor-core decode attention after it, whose blocks run it for their own heads
+ * (the same roundings, cuda_attention_dec.cu); another op entering first runs it. */
 #include "backend/cuda/cuda_internal.cuh"
 
 enum { QF_THREADS = 256, QF_MAX_ROT = 512 };
-
-typedef struct qf_args {
-    float *q, *k, *v;
-    const float *in; /* the packed Q/K/V product [n][q + k + v] to read, or NULL: q, k, v */
-    const float *bq, *bk, *bv, *q_norm, *k_norm;
-    float eps, theta, freq_scale;
-    int n_head, n_head_kv, hd, n_rot, neox;
-    int64_t n, bs;
-    void *K, *V; /* this layer's cache */
-} qf_args;
 
 /* each head of x [n_heads][hd] normalized in place, one head at a time by the block */
 __device__ void qf_norm_heads(float *x, int n_heads, int hd, const float *__restrict__ w, float eps, double *part) {
@@ -45,10 +38,7 @@ __global__ void __launch_bounds__(QF_THREADS) qkv_finish_kernel(const __grid_con
     const int64_t t = blockIdx.x;
     const int32_t pos = meta[t];
     const int half = a.n_rot / 2;
-    for (int i = threadIdx.x; i < half; i += QF_THREADS) {
-        const double angle = lm_cuda_rope_angle(pos, a.freq_scale, a.theta, i, a.n_rot);
-        cs[i] = (float)cos(angle), sn[i] = (float)sin(angle);
-    }
+    for (int i = threadIdx.x; i < half; i += QF_THREADS) lm_cuda_rope_cs(pos, a.freq_scale, a.theta, i, a.n_rot, &cs[i], &sn[i]);
     const int32_t toff = meta[a.n + t];
     const int64_t slot = (int64_t)meta[toff + pos / a.bs] * a.bs + pos % a.bs;
     lm_pdl_enter();
@@ -72,12 +62,7 @@ __global__ void __launch_bounds__(QF_THREADS) qkv_finish_kernel(const __grid_con
      * loads behind the last one's stores */
     for (int j = threadIdx.x; j < (a.n_head + a.n_head_kv) * half; j += QF_THREADS) {
         const int h = j / half, i = j % half;
-        const float c = cs[i], s = sn[i];
-        const int i0 = a.neox ? i : 2 * i, i1 = a.neox ? i + half : 2 * i + 1;
-        float *x = row + (int64_t)h * a.hd; /* q's heads, then k's */
-        const float x0 = x[i0], x1 = x[i1];
-        x[i0] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-        x[i1] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+        lm_cuda_rope_rotate(row + (int64_t)h * a.hd, i, half, a.neox, cs[i], sn[i]); /* q's heads, then k's */
     }
     __syncthreads();
     for (int i = threadIdx.x; i < q_dim; i += QF_THREADS) q[i] = qs[i];
@@ -124,13 +109,44 @@ extern "C" void lm_cuda_qkv_finish(lm_backend *b, lm_kv_cache *kv, int64_t layer
     a.n = n, a.bs = kv->block_size;
     const size_t layer_off = (size_t)(layer * kv->n_blocks * kv->block_size * kv->n_embd_kv) * kv->elem_size;
     a.K = (uint8_t *)kv->k + layer_off, a.V = (uint8_t *)kv->v + layer_off;
-    const size_t smem = (size_t)(p->n_head + 2 * p->n_head_kv) * (size_t)p->head_dim * sizeof(float);
-    void (*kernel)(qf_args, const int32_t *) = kv->type == LM_DTYPE_F16 ? qkv_finish_kernel<true>
-                                                                          : qkv_finish_kernel<false>;
+    /* on a packed product (a decode step's GEMM path), with an F16 cache and no
+     * per-head norms: left for the attention right after it to run in its blocks
+     * (cuda_attention_dec.cu), one launch and one trip through memory fewer; any
+     * other op runs it first */
+    if (cu->fused && cu->finish_in_attention && in && !p->q_norm && kv->type == LM_DTYPE_F16) {
+        cu->finish_pending.on = true;
+        cu->finish_pending.a = a;
+        cu->finish_pending.meta = meta;
+        cu->finish_pending.kv = kv;
+        cu->finish_pending.layer = layer;
+        return;
+    }
+    lm_cuda_finish_run(cu, a, meta, kv->type == LM_DTYPE_F16);
+}
+
+void lm_cuda_finish_run(lm_cuda_backend *cu, const qf_args &a, const int32_t *meta, bool f16) {
+    const size_t smem = (size_t)(a.n_head + 2 * a.n_head_kv) * (size_t)a.hd * sizeof(float);
+    void (*kernel)(qf_args, const int32_t *) = f16 ? qkv_finish_kernel<true> : qkv_finish_kernel<false>;
     if (smem > 48 * 1024 &&
         !lm_cuda_ok(cu, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                     "qkv_finish (shared memory for a token's q, k and v)"))
         return;
-    lm_cuda_launch_smem(cu, kernel, (unsigned)n, QF_THREADS, smem, a, meta);
+    lm_cuda_launch_smem(cu, kernel, (unsigned)a.n, QF_THREADS, smem, a, meta);
     lm_cuda_launched(cu, "qkv_finish_kernel");
 }
+
+void lm_cuda_finish_flush(lm_cuda_backend *cu) {
+    cu->finish_pending.on = false;
+    lm_cuda_finish_run(cu, cu->finish_pending.a, cu->finish_pending.meta, true);
+}
+
+bool lm_cuda_finish_take(lm_cuda_backend *cu, const void *kv, int64_t layer, const float *q, int64_t n,
+                         lm_cuda_finish *f) {
+    const lm_cuda_finish *p = &cu->finish_pending;
+    if (!p->on || p->kv != kv || p->layer != layer || p->a.q != q || p->a.n != n) return false;
+    *f = *p;
+    cu->finish_pending.on = false;
+    return true;
+}
+
+void lm_cuda_finish_put_back(lm_cuda_backend *cu, const lm_cuda_finish *f) { cu->finish_pending = *f; }
