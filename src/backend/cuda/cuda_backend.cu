@@ -557,6 +557,7 @@ static void cuda_destroy(lm_backend *b) {
         if (m->copied) cudaEventDestroy(m->copied);
     }
     if (cu->stream) cudaStreamSynchronize(cu->stream);
+    if (cu->topk_host) cudaFreeHost(cu->topk_host);
     if (cu->graphs_log) {
         fprintf(stderr, "CUDA graphs: %llu passes recorded, %llu replayed\n", (unsigned long long)cu->n_captured,
                 (unsigned long long)cu->n_replayed);

@@ -133,6 +133,9 @@ typedef struct lm_cuda_backend {
      * tensor-core decode attention right after it runs it as its blocks start
      * (lm_cuda_finish_take); any other op runs it as it enters (lm_cuda_enter). */
     lm_cuda_finish finish_pending;
+    /* logits_topk's outputs come back in one copy through this page-locked buffer */
+    void *topk_host;
+    size_t topk_host_cap;
     /* attention metadata built on the host: [pos: n][table offset: n][tables] */
     int32_t *attn_host;
     size_t attn_host_cap;
