@@ -844,7 +844,8 @@ static void test_qkv_attention_fused(void) {
             gpu_download(cache[run][c], c ? kv->v : kv->k, cache_bytes);
         }
     }
-    bool same = memcmp(cache[0][0], cache[1][0], cache_bytes) == 0 && memcmp(cache[0][1], cache[1][1], cache_bytes) == 0;
+    bool same = memcmp(cache[0][0], cache[1][0], cache_bytes) == 0 &&
+                memcmp(cache[0][1], cache[1][1], cache_bytes) == 0;
     for (int k = 0; k < 3; k++) same = same && bit_equal(got[0][k], got[1][k], N * rows[k]);
     same = same && bit_equal(got[0][3], got[1][3], N * NH * HD);
     printf("  %-10s %-40s %s\n", "qkv+attn", "BF16 packed, 40 decode tokens, hd 128 12/2",

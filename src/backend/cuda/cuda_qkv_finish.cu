@@ -38,7 +38,8 @@ __global__ void __launch_bounds__(QF_THREADS) qkv_finish_kernel(const __grid_con
     const int64_t t = blockIdx.x;
     const int32_t pos = meta[t];
     const int half = a.n_rot / 2;
-    for (int i = threadIdx.x; i < half; i += QF_THREADS) lm_cuda_rope_cs(pos, a.freq_scale, a.theta, i, a.n_rot, &cs[i], &sn[i]);
+    for (int i = threadIdx.x; i < half; i += QF_THREADS)
+        lm_cuda_rope_cs(pos, a.freq_scale, a.theta, i, a.n_rot, &cs[i], &sn[i]);
     const int32_t toff = meta[a.n + t];
     const int64_t slot = (int64_t)meta[toff + pos / a.bs] * a.bs + pos % a.bs;
     lm_pdl_enter();

@@ -8,16 +8,11 @@ __global__ void rope_kernel(float *x, const int32_t *__restrict__ pos, int64_t n
                             int64_t n_rot, float theta, float freq_scale, int neox) {
     lm_pdl_enter();
     const int64_t t = blockIdx.x, half = n_rot / 2;
-    for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
-        double angle = lm_cuda_rope_angle(pos[t], freq_scale, theta, i, n_rot);
-        float c = (float)cos(angle), s = (float)sin(angle);
-        int64_t i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
-        for (int64_t h = 0; h < n_head; h++) {
-            float *v = x + (t * n_head + h) * head_dim;
-            float a = v[i0], bb = v[i1];
-            v[i0] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(bb, s));
-            v[i1] = __fadd_rn(__fmul_rn(a, s), __fmul_rn(bb, c));
-        }
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        float c, s;
+        lm_cuda_rope_cs(pos[t], freq_scale, theta, i, (int)n_rot, &c, &s);
+        for (int64_t h = 0; h < n_head; h++)
+            lm_cuda_rope_rotate(x + (t * n_head + h) * head_dim, i, (int)half, neox, c, s);
     }
 }
 
