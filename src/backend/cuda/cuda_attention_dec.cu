@@ -59,7 +59,7 @@ __device__ void dec_finish(const qf_args &f, const float *cs, const float *sn, i
     if (last)
         for (int e = threadIdx.x; e < 2 * HD; e += THREADS) {
             const int which = e / HD, i = hk * HD + e % HD; /* 0: the key, 1: the value */
-            const float *b = which ? f.bv : f.bk;
+            const float *b = f.bq ? (which ? f.bv : f.bk) : NULL; /* all three biases or none, as qkv_finish */
             const float x = in[q_dim + which * kv_dim + i];
             kv_fin[which][e % HD] = b ? __fadd_rn(x, b[i]) : x;
         }
