@@ -620,6 +620,21 @@ typedef struct attn_case {
 enum { N_SEQ = 3 };
 static const int64_t k_seq_len[N_SEQ] = {5, 77, 1100};
 
+/* The GPU's attention of `sub` (queries dq, its first tokens') gives the bits `want`
+ * holds for those tokens. */
+static bool attention_bits_equal(lm_kv_cache *kg, int64_t layer, const lm_attn_batch *sub, const float *dq,
+                                 const attn_case *ac, float scale, const float *want) {
+    const int64_t n = sub->n_tokens * ac->n_head * ac->hd;
+    float *dout = g_gpu->ops->alloc(g_gpu, sizeof(float) * (size_t)n), *got = fmalloc(n);
+    bool ok = g_gpu->ops->attention(g_gpu, kg, layer, sub, dq, ac->n_head, ac->n_head_kv, ac->hd, ac->window, scale,
+                                    dout) == LM_OK;
+    gpu_download(got, dout, sizeof(float) * (size_t)n);
+    ok = ok && bit_equal(got, want, n);
+    g_gpu->ops->free(g_gpu, dout);
+    free(got);
+    return ok;
+}
+
 static void run_attention_case(const attn_case *ac) {
     const int64_t n_layer = 2, layer = 1, bs = 16, d_kv = ac->n_head_kv * ac->hd, d_q = ac->n_head * ac->hd;
     int64_t total = 0, max_len = 0;
@@ -725,13 +740,7 @@ static void run_attention_case(const attn_case *ac) {
                        n > g_mv_max_n && ac->n_head / ac->n_head_kv <= 16;
             if (!dec) CHECK(bit_equal(got, dec_out, N_SEQ * d_q));
             lm_attn_batch sub = {40, lpos, lseq};
-            float *dout1 = g_gpu->ops->alloc(g_gpu, sizeof(float) * (size_t)(40 * d_q)), *got1 = fmalloc(40 * d_q);
-            CHECK(g_gpu->ops->attention(g_gpu, kg, layer, &sub, dq, ac->n_head, ac->n_head_kv, ac->hd, ac->window,
-                                        scale, dout1) == LM_OK);
-            gpu_download(got1, dout1, sizeof(float) * (size_t)(40 * d_q));
-            CHECK(bit_equal(got1, got, 40 * d_q));
-            g_gpu->ops->free(g_gpu, dout1);
-            free(got1);
+            CHECK(attention_bits_equal(kg, layer, &sub, dq, ac, scale, got));
         } else if (!tc) {
             /* a token's result does not depend on the batch around it (split-K included) */
             CHECK(bit_equal(got + 39 * d_q, dec_out + 1 * d_q, d_q));
@@ -740,13 +749,7 @@ static void run_attention_case(const attn_case *ac) {
             /* nor on the tiles around it on the tensor-core path: sequence 1's 40
              * tokens alone, without the other sequences' tiles, give the same bits */
             lm_attn_batch one = {40, ppos, pseq};
-            float *dout1 = g_gpu->ops->alloc(g_gpu, sizeof(float) * (size_t)(40 * d_q)), *got1 = fmalloc(40 * d_q);
-            CHECK(g_gpu->ops->attention(g_gpu, kg, layer, &one, dq, ac->n_head, ac->n_head_kv, ac->hd, ac->window,
-                                        scale, dout1) == LM_OK);
-            gpu_download(got1, dout1, sizeof(float) * (size_t)(40 * d_q));
-            CHECK(bit_equal(got1, got, 40 * d_q));
-            g_gpu->ops->free(g_gpu, dout1);
-            free(got1);
+            CHECK(attention_bits_equal(kg, layer, &one, dq, ac, scale, got));
         }
         free(q), free(ref), free(got), gpu_free(dq), gpu_free(dout);
     }
