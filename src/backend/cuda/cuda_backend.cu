@@ -561,13 +561,19 @@ static void cuda_destroy(lm_backend *b) {
     if (cu->graphs_log) {
         fprintf(stderr, "CUDA graphs: %llu passes recorded, %llu replayed\n", (unsigned long long)cu->n_captured,
                 (unsigned long long)cu->n_replayed);
-        lm_cuda_replay_time_collect(cu);
-        for (int i = 0; i < 8; i++)
-            if (cu->replay_time[i].count)
-                fprintf(stderr, "CUDA graphs: %lld replays of %lld-token passes, %.3f ms of GPU time each\n",
-                        (long long)cu->replay_time[i].count, (long long)cu->replay_time[i].n,
-                        cu->replay_time[i].ms / (double)cu->replay_time[i].count);
-        for (int i = 0; i < 2; i++)
+        lm_cuda_replay_time_collect(cu, 0.0);
+        for (int i = 0; i < 8; i++) {
+            const auto *r = &cu->replay_time[i];
+            if (!r->count) continue;
+            fprintf(stderr, "CUDA graphs: %lld replays of %lld-token passes, %.3f ms of GPU time each "
+                    "(host to the launch %.3f ms", (long long)r->count, (long long)r->n, r->ms / (double)r->count,
+                    r->build_ms / (double)r->count);
+            if (r->n_tail)
+                fprintf(stderr, "; GPU after the graph to the candidates' copy %.3f ms", r->tail_ms / (double)r->n_tail);
+            if (r->n_wall) fprintf(stderr, "; step %.3f ms", r->wall_ms / (double)r->n_wall);
+            fprintf(stderr, ")\n");
+        }
+        for (int i = 0; i < 3; i++)
             if (cu->replay_ev[i]) cudaEventDestroy(cu->replay_ev[i]);
     }
     lm_cuda_graphs_free(cu);
@@ -703,8 +709,9 @@ extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
             if ((e = cudaEventCreateWithFlags(&cu->meta[i].copied, cudaEventDisableTiming)) != cudaSuccess)
                 st = lm_error(LM_ERR_INTERNAL, "cudaEventCreate: %s", cudaGetErrorString(e));
         if (cu->graphs_log && (cudaEventCreate(&cu->replay_ev[0]) != cudaSuccess ||
-                               cudaEventCreate(&cu->replay_ev[1]) != cudaSuccess)) {
-            for (int i = 0; i < 2; i++) /* without them, replays are not timed */
+                               cudaEventCreate(&cu->replay_ev[1]) != cudaSuccess ||
+                               cudaEventCreate(&cu->replay_ev[2]) != cudaSuccess)) {
+            for (int i = 0; i < 3; i++) /* without them, replays are not timed */
                 if (cu->replay_ev[i]) cudaEventDestroy(cu->replay_ev[i]), cu->replay_ev[i] = NULL;
         }
     }

@@ -29,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cuda_profiler_api.h>
 
@@ -82,6 +83,7 @@ static int runs_before(lm_cuda_backend *cu, uint64_t key) {
 extern "C" lm_status lm_cuda_pass_begin(lm_backend *b, uint64_t key, const lm_kv_cache *kv,
                                         const lm_attn_batch *batch) {
     lm_cuda_backend *cu = lm_cuda(b);
+    const double now = cu->graphs_log ? lm_cuda_host_clock() : 0.0;
     lm_cuda_enter(cu);
     lm_status st = lm_cuda_take_error(cu);
     if (st) return st;
@@ -94,6 +96,7 @@ extern "C" lm_status lm_cuda_pass_begin(lm_backend *b, uint64_t key, const lm_kv
         cu->profiling = cudaProfilerStart() == cudaSuccess;
     /* a pass that began (pass_end follows): metadata is built once in it */
     if (key == 0 || !cu->graphs_on || !kv || !batch || batch->n_tokens > cu->record_max_n) {
+        cu->t_begin = 0.0; /* a timed replay's step, if one is pending, is not this long */
         cu->pass_epoch = ++cu->pass_count;
         return LM_OK;
     }
@@ -103,7 +106,8 @@ extern "C" lm_status lm_cuda_pass_begin(lm_backend *b, uint64_t key, const lm_kv
     key = mix(mix(key, (uint64_t)cu->pass_meta_ints), (uint64_t)cu->pass_splits);
     /* the staging buffers are rewritten below: the last pass must have read them */
     if (!lm_cuda_ok(cu, cudaStreamSynchronize(cu->stream), "pass_begin (synchronize)")) return lm_cuda_take_error(cu);
-    lm_cuda_replay_time_collect(cu);
+    lm_cuda_replay_time_collect(cu, now);
+    cu->t_begin = now;
     cu->pass_n = batch->n_tokens;
     cu->pass_key = key;
     cu->pass_meta_sent = 0;
@@ -135,9 +139,18 @@ static lm_cuda_graph *graph_slot(lm_cuda_backend *cu) {
     return best;
 }
 
-/* Adds the finished timed replay's GPU time to its token count's tally. */
-void lm_cuda_replay_time_collect(lm_cuda_backend *cu) {
-    float ms = 0.0f;
+double lm_cuda_host_clock(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Adds the finished timed replay's times to its token count's tally (`now`: the
+ * next pass_begin's clock, 0 at exit: the step's wall time is not known). */
+void lm_cuda_replay_time_collect(lm_cuda_backend *cu, double now) {
+    float ms = 0.0f, tail = 0.0f;
+    const bool timed_tail = cu->timed_tail;
+    cu->timed_tail = false;
     if (!cu->timed_n || cudaEventElapsedTime(&ms, cu->replay_ev[0], cu->replay_ev[1]) != cudaSuccess) {
         cu->timed_n = 0;
         return;
@@ -147,9 +160,20 @@ void lm_cuda_replay_time_collect(lm_cuda_backend *cu) {
         cu->replay_time[i].n = cu->timed_n;
         cu->replay_time[i].count++;
         cu->replay_time[i].ms += ms;
+        cu->replay_time[i].build_ms += 1e3 * cu->t_build;
+        if (timed_tail && cudaEventElapsedTime(&tail, cu->replay_ev[1], cu->replay_ev[2]) == cudaSuccess)
+            cu->replay_time[i].n_tail++, cu->replay_time[i].tail_ms += tail;
+        if (now > 0.0 && cu->t_begin > 0.0)
+            cu->replay_time[i].n_wall++, cu->replay_time[i].wall_ms += 1e3 * (now - cu->t_begin);
         break;
     }
     cu->timed_n = 0;
+}
+
+/* Marks the end of the work that follows a timed replay (logits_topk's copy). */
+void lm_cuda_replay_time_tail(lm_cuda_backend *cu) {
+    if (cu->timed_n && !cu->timed_tail && cu->replay_ev[2])
+        cu->timed_tail = cudaEventRecord(cu->replay_ev[2], cu->stream) == cudaSuccess;
 }
 
 static void launch(lm_cuda_backend *cu, lm_cuda_graph *g, bool timed) {
@@ -157,7 +181,10 @@ static void launch(lm_cuda_backend *cu, lm_cuda_graph *g, bool timed) {
     timed = timed && cu->graphs_log && cu->replay_ev[0] &&
             cudaEventRecord(cu->replay_ev[0], cu->stream) == cudaSuccess;
     if (!lm_cuda_ok(cu, cudaGraphLaunch(g->exec, cu->stream), "cudaGraphLaunch")) return;
-    if (timed && cudaEventRecord(cu->replay_ev[1], cu->stream) == cudaSuccess) cu->timed_n = cu->pass_n;
+    if (timed && cudaEventRecord(cu->replay_ev[1], cu->stream) == cudaSuccess) {
+        cu->timed_n = cu->pass_n;
+        cu->t_build = lm_cuda_host_clock() - cu->t_begin;
+    }
     /* the graph's metadata copies read the staging buffers: a direct upload after
      * this pass waits for them through these events */
     for (int i = 0; i < LM_CUDA_META_COUNT; i++) lm_cuda_ok(cu, cudaEventRecord(cu->meta[i].copied, cu->stream), "cudaEventRecord");

@@ -169,13 +169,18 @@ typedef struct lm_cuda_backend {
     int seen_runs[LM_CUDA_SEEN]; /* how many times each                      */
     int seen_next;
     uint64_t n_captured, n_replayed; /* printed at exit with LUMEN_CUDA_GRAPHS_LOG=1 */
-    /* LUMEN_CUDA_GRAPHS_LOG=1 also times each replay on the GPU (events around the
-     * graph launch, read at the next pass_begin): with a step's wall time, it says
-     * how much of the step the GPU works and how much it waits for the host */
+    /* LUMEN_CUDA_GRAPHS_LOG=1 also times each replay: on the GPU, the graph (events
+     * 0 and 1 around its launch) and what follows it up to the candidates' copy to
+     * the host (event 2, recorded by logits_topk); on the host, the pass's calls up to
+     * the launch (the GPU idles through them unless work is queued) and the whole
+     * step, pass_begin to the next pass_begin. Read at the next pass_begin: they say
+     * where a step's wall time goes */
     bool graphs_log;
-    cudaEvent_t replay_ev[2];
+    cudaEvent_t replay_ev[3];
     int64_t pass_n, timed_n; /* tokens of the current pass, of the replay being timed (0: none) */
-    struct { int64_t n, count; double ms; } replay_time[8];
+    bool timed_tail;         /* event 2 was recorded after the timed replay              */
+    double t_begin, t_build; /* host clock at the timed pass's pass_begin; seconds to its launch */
+    struct { int64_t n, count, n_tail, n_wall; double ms, tail_ms, build_ms, wall_ms; } replay_time[8];
     int64_t profile_n; /* LUMEN_CUDA_PROFILE_N: passes of this many tokens are profiled */
     bool profiling;    /* between cudaProfilerStart and cudaProfilerStop           */
 } lm_cuda_backend;
@@ -254,7 +259,9 @@ lm_status lm_cuda_take_error(lm_cuda_backend *cu);
 
 /* LUMEN_CUDA_GRAPHS_LOG: adds the last timed replay's GPU time to its tally
  * (cuda_graph.cu; the stream must have passed the replay). */
-void lm_cuda_replay_time_collect(lm_cuda_backend *cu);
+void lm_cuda_replay_time_collect(lm_cuda_backend *cu, double now);
+void lm_cuda_replay_time_tail(lm_cuda_backend *cu);
+double lm_cuda_host_clock(void);
 
 /* Makes the backend's device current for the calling thread. Every entry point
  * calls it once, first: it also counts them (op_seq). */

@@ -634,6 +634,7 @@ extern "C" lm_status lm_cuda_logits_topk(lm_backend *b, const float *logits, int
     }
     ok = ok && lm_cuda_ok(cu, cudaMemcpyAsync(cu->topk_host, dev, out_used, cudaMemcpyDeviceToHost, cu->stream),
                           "logits_topk (candidates to the host)");
+    lm_cuda_replay_time_tail(cu);
     lm_cuda_ok(cu, cudaStreamSynchronize(cu->stream), "logits_topk (synchronize)");
     if (ok && cu->err == LM_OK) {
         const char *h = (const char *)cu->topk_host;
