@@ -147,8 +147,8 @@ typedef struct lm_backend_ops {
      * host metadata (token ids, positions, the batch's KV block tables); 0 = do not
      * record this pass. Between the two calls ops may only read their host inputs
      * and return; pass_end runs the pass and reports the first error of any op in
-     * it. No upload or download inside a pass (but logits_topk as its last op). If
-     * pass_end fails, the pass's outputs are undefined: run it again with key 0. */
+     * it. No upload or download inside a pass. If pass_end fails, the pass's
+     * outputs are undefined: run it again with key 0. */
     lm_status (*pass_begin)(lm_backend *b, uint64_t key, const struct lm_kv_cache *kv, const lm_attn_batch *batch);
     lm_status (*pass_end)(lm_backend *b);
 
@@ -170,10 +170,8 @@ typedef struct lm_backend_ops {
      * whole batch): its row_max (and row_lse) is NaN and ids[0] is the lowest id
      * whose logit is NaN; its other outputs are unspecified. The sampler reports
      * that row exactly as it would from the full row.
-     * 1 <= k <= min(LM_TOPK_MAX, n_vocab), else LM_ERR_INVALID_ARG. Inside a
-     * pass_begin/pass_end bracket it may be the pass's last op: the backend records
-     * it with the pass, and the outputs are filled when pass_end returns (an error
-     * of the reduction is pass_end's). */
+     * 1 <= k <= min(LM_TOPK_MAX, n_vocab), else LM_ERR_INVALID_ARG. Not inside a
+     * pass_begin/pass_end bracket (it copies to the host). */
     lm_status (*logits_topk)(lm_backend *b, const float *logits, int64_t n_rows, int64_t n_vocab, int k,
                              int32_t *ids, float *vals, float *row_max, float *row_lse);
 } lm_backend_ops;

@@ -156,8 +156,7 @@ static void residual_then_norm(lm_backend *b, float *x, const float *r, const fl
  * same ops on the same buffers (the ops a pass issues depend only on the batch's
  * shape; its host metadata fills them in). 0: not recordable (buffers of its own).
  * The backend decides which shapes are worth recording. */
-static uint64_t pass_key(const lm_kv_cache *kv, const lm_batch *batch, const scratch *s, bool kept,
-                         const lm_topk_out *topk) {
+static uint64_t pass_key(const lm_kv_cache *kv, const lm_batch *batch, const scratch *s, bool kept) {
     if (!kept) return 0;
     uint64_t h = 1469598103934665603ULL;
 #define MIX(v)                        \
@@ -166,7 +165,6 @@ static uint64_t pass_key(const lm_kv_cache *kv, const lm_batch *batch, const scr
         h *= 1099511628211ULL;        \
     } while (0)
     MIX(batch->n_tokens);
-    MIX(topk ? 2 * (uint64_t)topk->k + (topk->row_lse != NULL) : 0); /* the reduction ends the pass */
     MIX((uintptr_t)kv);
     const float *bufs[] = {s->x, s->xn, s->q, s->k, s->v, s->attn, s->tmp, s->gate, s->up, s->logits};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) MIX((uintptr_t)bufs[i]);
@@ -276,43 +274,30 @@ static lm_status forward_body(const lm_model_internal *m, lm_kv_cache *kv, const
     return LM_OK;
 }
 
-/* The selected rows' candidates from the logits in backend memory, by the backend's
- * op. */
-static lm_status topk_reduce(const lm_model_internal *m, const float *dev_logits, int64_t n_out,
-                             const lm_topk_out *out) {
-    lm_backend *b = m->backend;
-    return b->ops->logits_topk(b, dev_logits, n_out, m->hp.n_vocab, out->k, out->ids, out->vals, out->row_max,
-                               out->row_lse);
-}
-
-/* One pass, bracketed by pass_begin/pass_end where the backend records passes. With
- * `topk` the candidates' reduction is the bracket's last op (the backend records it
- * with the pass; its outputs are in when pass_end returns). */
+/* One pass, bracketed by pass_begin/pass_end where the backend records passes. */
 static lm_status forward_pass(const lm_model_internal *m, lm_kv_cache *kv, const lm_batch *batch, const scratch *s,
-                              int64_t n_out, uint64_t key, const lm_topk_out *topk) {
+                              int64_t n_out, uint64_t key) {
     const lm_backend_ops *op = m->backend->ops;
     if (!op->pass_begin) return forward_body(m, kv, batch, s, n_out);
     lm_attn_batch ab = {batch->n_tokens, batch->pos, batch->seq};
     lm_status st = op->pass_begin(m->backend, key, kv, &ab);
     if (st) return st;
     st = forward_body(m, kv, batch, s, n_out);
-    if (st == LM_OK && topk) st = topk_reduce(m, s->logits, n_out, topk);
     lm_status end = op->pass_end(m->backend);
     return st ? st : end;
 }
 
-/* The selected rows' candidates after the pass (lm_forward_topk): reduced by the
- * backend's op unless the pass did it (`reduced`), else on the host; then the rows
- * need_full asks for, whole. */
+/* The selected rows' candidates from the logits in backend memory (lm_forward_topk). */
 static lm_status topk_outputs(const lm_model_internal *m, const float *dev_logits, int64_t n_out,
-                              const lm_topk_out *out, bool reduced) {
+                              const lm_topk_out *out) {
     lm_backend *b = m->backend;
     const int64_t n_vocab = m->hp.n_vocab;
     const size_t row_bytes = (size_t)n_vocab * sizeof(float);
     lm_status st;
     if (b->ops->logits_topk) {
-        if (!reduced && (st = topk_reduce(m, dev_logits, n_out, out))) return st;
-        if (!out->need_full) return LM_OK;
+        st = b->ops->logits_topk(b, dev_logits, n_out, n_vocab, out->k, out->ids, out->vals, out->row_max,
+                                 out->row_lse);
+        if (st || !out->need_full) return st;
         for (int64_t r = 0; r < n_out; r++) {
             out->fetched[r] = out->need_full(out->user, r) ? 1 : 0;
             if (out->fetched[r]) b->ops->download(b, out->full + r * n_vocab, dev_logits + r * n_vocab, row_bytes);
@@ -350,16 +335,14 @@ static lm_status forward_run(const lm_model_internal *m, lm_kv_cache *kv, const 
     scratch s;
     bool kept;
     if ((st = scratch_acquire(m, n, n_out > 0 ? n_out : 1, &s, &kept))) return st;
-    /* the backend's reduction runs inside the pass where passes are bracketed */
-    const lm_topk_out *in_pass = topk && n_out > 0 && b->ops->logits_topk && b->ops->pass_begin ? topk : NULL;
-    uint64_t key = b->ops->pass_begin ? pass_key(kv, batch, &s, kept, in_pass) : 0;
-    st = forward_pass(m, kv, batch, &s, n_out, key, in_pass);
+    uint64_t key = b->ops->pass_begin ? pass_key(kv, batch, &s, kept) : 0;
+    st = forward_pass(m, kv, batch, &s, n_out, key);
     /* a recorded pass that failed may have failed in the recording: once more,
      * unrecorded (rewriting the same K/V slots is harmless); a real error repeats */
-    if (st && key) st = forward_pass(m, kv, batch, &s, n_out, 0, in_pass);
+    if (st && key) st = forward_pass(m, kv, batch, &s, n_out, 0);
     if (st == LM_OK && n_out > 0) {
         if (topk)
-            st = topk_outputs(m, s.logits, n_out, topk, in_pass != NULL);
+            st = topk_outputs(m, s.logits, n_out, topk);
         else
             b->ops->download(b, logits, s.logits, (size_t)(n_out * m->hp.n_vocab) * sizeof(float));
     }

@@ -89,7 +89,6 @@ extern "C" lm_status lm_cuda_pass_begin(lm_backend *b, uint64_t key, const lm_kv
     if (st) return st;
     if (cu->pass_mode != LM_CUDA_PASS_DIRECT)
         return lm_error(LM_ERR_INTERNAL, "pass_begin: the previous pass was not ended");
-    cu->topk_pending.on = false;
     /* a profiler started with profiling off (ncu --profile-from-start off) sees the
      * passes of exactly LUMEN_CUDA_PROFILE_N tokens: e.g. a benchmark's decode steps
      * without its prefill (bench/cuda_profile_run.sh) */
@@ -226,7 +225,6 @@ extern "C" lm_status lm_cuda_pass_end(lm_backend *b) {
             launch(cu, g, true);
         }
     }
-    lm_cuda_topk_deliver(cu); /* the pass's candidates (logits_topk), once it ran */
     if (cu->profiling) {
         cudaProfilerStop();
         cu->profiling = false;

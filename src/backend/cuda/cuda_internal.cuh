@@ -133,16 +133,9 @@ typedef struct lm_cuda_backend {
      * tensor-core decode attention right after it runs it as its blocks start
      * (lm_cuda_finish_take); any other op runs it as it enters (lm_cuda_enter). */
     lm_cuda_finish finish_pending;
-    /* logits_topk's outputs come back in one copy through this page-locked buffer;
-     * inside a pass (recorded with it) they reach the caller's buffers at pass_end */
+    /* logits_topk's outputs come back in one copy through this page-locked buffer */
     void *topk_host;
     size_t topk_host_cap;
-    struct {
-        bool on;
-        int32_t *ids;
-        float *vals, *row_max, *row_lse;
-        size_t nk, nr;
-    } topk_pending;
     /* attention metadata built on the host: [pos: n][table offset: n][tables] */
     int32_t *attn_host;
     size_t attn_host_cap;
@@ -479,8 +472,6 @@ lm_status lm_cuda_attention(lm_backend *b, const struct lm_kv_cache *kv, int64_t
                             float scale, float *out);
 lm_status lm_cuda_logits_topk(lm_backend *b, const float *logits, int64_t n_rows, int64_t n_vocab, int k,
                               int32_t *ids, float *vals, float *row_max, float *row_lse);
-/* A pass's logits_topk outputs from the staging buffer to the caller's (pass_end). */
-void lm_cuda_topk_deliver(lm_cuda_backend *cu);
 }
 
 /* The weight formats the kernels decode on the device (cuda_dequant.cuh). */

@@ -545,19 +545,9 @@ extern "C" lm_status lm_cuda_logits_topk(lm_backend *b, const float *logits, int
         return lm_error(LM_ERR_INVALID_ARG, "logits_topk: NULL buffer");
     if (n_rows == 0) return LM_OK;
     lm_cuda_enter(cu);
-    /* inside a recorded pass (its last op) the reduction and its copy are recorded
-     * with it; pass_end delivers the outputs, or reports the pass's first error */
-    const bool in_pass = lm_cuda_recorded_pass(cu);
-    const size_t nk = (size_t)n_rows * (size_t)k, nr = (size_t)n_rows;
-    if (in_pass && cu->err) return LM_OK;
-    if (!in_pass) {
-        lm_status st = lm_cuda_take_error(cu); /* an earlier op's error: the logits are not valid */
-        if (st) return st;
-    }
-    if (lm_cuda_replaying(cu)) {
-        cu->topk_pending = {true, ids, vals, row_max, row_lse, nk, nr};
-        return LM_OK;
-    }
+    if (lm_cuda_recorded_pass(cu)) lm_cuda_fail(cu, LM_ERR_INTERNAL, "logits_topk inside a forward pass");
+    lm_status st = lm_cuda_take_error(cu); /* an earlier op's error: the logits are not valid */
+    if (st) return st;
 
     /* the levels, from n_vocab and k only: n_list[0] = slices x k candidates a row,
      * then each mid level's, until they fit the final block */
@@ -579,6 +569,7 @@ extern "C" lm_status lm_cuda_logits_topk(lm_backend *b, const float *logits, int
     /* scratch: [ids n_rows*k][vals n_rows*k][max n_rows][lse n_rows], then a chunk's
      * work: [stats rows][slices] [list A keys, ids: rows x n_list[0]] [list B: rows x
      * n_list[1]] (the mid levels go A -> B -> A ..., each smaller than the one before) */
+    const size_t nk = (size_t)n_rows * (size_t)k, nr = (size_t)n_rows;
     const size_t out_bytes = align16((2 * nk + 2 * nr) * sizeof(float));
     const size_t per_row = sizeof(slice_stat) * (size_t)n_slices + 8 * (size_t)n_list[0] +
                            (levels > 1 ? 8 * (size_t)n_list[1] : 0) + 4 * (size_t)n_bounds;
@@ -590,7 +581,7 @@ extern "C" lm_status lm_cuda_logits_topk(lm_backend *b, const float *logits, int
     const size_t bounds_bytes = align16(4 * (size_t)chunk * (size_t)n_bounds);
     char *dev = (char *)lm_cuda_scratch(cu, LM_CUDA_SCR_TOPK, out_bytes + stats_bytes + align16(8 * a_len) +
                                                                   align16(8 * b_len) + bounds_bytes);
-    if (!dev) return in_pass ? LM_OK : lm_cuda_take_error(cu);
+    if (!dev) return lm_cuda_take_error(cu);
     int32_t *d_ids = (int32_t *)dev;
     float *d_vals = (float *)(d_ids + nk), *d_max = d_vals + nk, *d_lse = d_max + nr;
     slice_stat *d_stats = (slice_stat *)(dev + out_bytes);
@@ -632,14 +623,9 @@ extern "C" lm_status lm_cuda_logits_topk(lm_backend *b, const float *logits, int
     }
     /* the outputs sit side by side on the device ([ids][vals][max][lse]): one copy
      * into the page-locked staging buffer, then to the caller's buffers on the host
-     * (each copy of the four apart cost its own few microseconds a step). A recorded
-     * pass finds the buffer grown by its direct (warm) runs: none grows in a capture. */
+     * (each copy of the four apart cost its own few microseconds a step) */
     const size_t out_used = (2 * nk + (row_lse ? 2 : 1) * nr) * sizeof(float);
     if (ok && cu->topk_host_cap < out_used) {
-        if (cu->pass_mode == LM_CUDA_PASS_CAPTURE) {
-            lm_cuda_fail(cu, LM_ERR_INTERNAL, "logits_topk: the staging buffer grew during a capture");
-            return LM_OK; /* pass_end reports it */
-        }
         if (cu->topk_host) cudaFreeHost(cu->topk_host);
         cu->topk_host = NULL;
         cu->topk_host_cap = 0;
@@ -648,24 +634,14 @@ extern "C" lm_status lm_cuda_logits_topk(lm_backend *b, const float *logits, int
     }
     ok = ok && lm_cuda_ok(cu, cudaMemcpyAsync(cu->topk_host, dev, out_used, cudaMemcpyDeviceToHost, cu->stream),
                           "logits_topk (candidates to the host)");
-    if (ok) cu->topk_pending = {true, ids, vals, row_max, row_lse, nk, nr};
-    if (in_pass) return LM_OK;
     lm_cuda_replay_time_tail(cu);
-    lm_cuda_topk_deliver(cu);
-    return lm_cuda_take_error(cu);
-}
-
-/* The outputs staged by the last logits_topk, to the caller's buffers once the
- * stream is done (nothing on an error: the call or its pass reports it). */
-void lm_cuda_topk_deliver(lm_cuda_backend *cu) {
-    if (!cu->topk_pending.on) return;
-    const auto p = cu->topk_pending;
-    cu->topk_pending.on = false;
     lm_cuda_ok(cu, cudaStreamSynchronize(cu->stream), "logits_topk (synchronize)");
-    if (cu->err != LM_OK) return;
-    const char *h = (const char *)cu->topk_host;
-    memcpy(p.ids, h, p.nk * sizeof(int32_t));
-    memcpy(p.vals, h + p.nk * sizeof(int32_t), p.nk * sizeof(float));
-    memcpy(p.row_max, h + 2 * p.nk * sizeof(float), p.nr * sizeof(float));
-    if (p.row_lse) memcpy(p.row_lse, h + (2 * p.nk + p.nr) * sizeof(float), p.nr * sizeof(float));
+    if (ok && cu->err == LM_OK) {
+        const char *h = (const char *)cu->topk_host;
+        memcpy(ids, h, nk * sizeof(int32_t));
+        memcpy(vals, h + nk * sizeof(int32_t), nk * sizeof(float));
+        memcpy(row_max, h + 2 * nk * sizeof(float), nr * sizeof(float));
+        if (row_lse) memcpy(row_lse, h + (2 * nk + nr) * sizeof(float), nr * sizeof(float));
+    }
+    return lm_cuda_take_error(cu);
 }
