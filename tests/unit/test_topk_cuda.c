@@ -10,6 +10,7 @@
  * logits reduced on the host; and the time of the op for 1, 64 and 256 rows of a 152k
  * vocabulary beside the download it replaces. Exits 77 (skipped) without a CUDA
  * build or a GPU. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -248,7 +249,15 @@ static void test_op(void) {
     g_gpu->ops->free(g_gpu, d);
 }
 
-/* lm_forward_topk on the GPU equals the GPU's logits reduced on the host */
+static bool want_row_two(void *user, int64_t row) {
+    (void)user;
+    return row == 2;
+}
+
+/* lm_forward_topk on the GPU equals the GPU's logits reduced on the host, over
+ * enough steps that the pass runs directly, is recorded and is replayed
+ * (cuda_graph.cu): first without the log-sum-exp, then with it and one row's full
+ * logits asked for. */
 static void test_forward(void) {
     char dir[] = "/tmp/lumen_topk_cuda_XXXXXX", path[256];
     if (!mkdtemp(dir)) {
@@ -264,27 +273,40 @@ static void test_forward(void) {
     lm_model_internal *m = NULL;
     CHECK(lm_model_internal_load(path, g_gpu, &m) == LM_OK);
     if (m) {
-        enum { N = 6, K = 16, STEPS = 5 };
+        enum { N = 6, K = 16, STEPS = 12, LSE_FROM = 6 };
         int64_t nv = m->hp.n_vocab;
         lm_kv_cache *kv1 = NULL, *kv2 = NULL;
         CHECK(lm_kv_cache_for_model(m, 64, N, LM_DTYPE_F16, &kv1) == LM_OK);
         CHECK(lm_kv_cache_for_model(m, 64, N, LM_DTYPE_F16, &kv2) == LM_OK);
-        float *logits = malloc(sizeof(float) * (size_t)(N * nv)), mx[N], hmx[N];
+        float *logits = malloc(sizeof(float) * (size_t)(N * nv)), *full = malloc(sizeof(float) * (size_t)(N * nv));
+        float mx[N], hmx[N], lse[N], hlse[N];
         int32_t ids[N * K], hids[N * K];
         float vals[N * K], hvals[N * K];
-        for (int step = 0; step < STEPS && kv1 && kv2; step++) {
+        int8_t fetched[N];
+        int lse_bad = 0;
+        for (int step = 0; step < STEPS && kv1 && kv2 && logits && full; step++) {
             int32_t tok[N], pos[N], seq[N];
             int8_t want[N];
             for (int i = 0; i < N; i++) tok[i] = (step * 7 + i * 13) % (int32_t)nv, pos[i] = step, seq[i] = i, want[i] = 1;
             lm_batch b = {N, tok, pos, seq, want};
+            const bool with_lse = step >= LSE_FROM;
             lm_topk_out out = {K, ids, vals, mx, NULL, NULL, NULL, NULL, NULL};
+            if (with_lse) out.row_lse = lse, out.need_full = want_row_two, out.full = full, out.fetched = fetched;
             CHECK(lm_forward_topk(m, kv1, &b, &out) == LM_OK);
             CHECK(lm_forward(m, kv2, &b, logits) == LM_OK);
-            CHECK(lm_logits_topk_host(logits, N, nv, K, hids, hvals, hmx, NULL) == LM_OK);
+            CHECK(lm_logits_topk_host(logits, N, nv, K, hids, hvals, hmx, hlse) == LM_OK);
             CHECK(memcmp(ids, hids, sizeof ids) == 0 && memcmp(vals, hvals, sizeof vals) == 0);
             CHECK(memcmp(mx, hmx, sizeof mx) == 0);
+            if (!with_lse) continue;
+            for (int i = 0; i < N; i++) {
+                lse_bad += fabsf(lse[i] - hlse[i]) > 1e-6f * fmaxf(1.0f, fabsf(hlse[i]));
+                CHECK(fetched[i] == (i == 2));
+            }
+            CHECK(memcmp(full + 2 * nv, logits + 2 * nv, sizeof(float) * (size_t)nv) == 0);
         }
+        CHECK(lse_bad == 0);
         free(logits);
+        free(full);
         lm_kv_cache_free(kv1);
         lm_kv_cache_free(kv2);
         lm_model_internal_free(m);
