@@ -27,13 +27,19 @@
  * on how many rows share the call. Rows go in chunks of at most 65535 (the grid's y)
  * and a bounded scratch; chunking changes nothing within a row.
  *
- * A bound first, where each slice's share of it is small (k / slices <= 4): a block
- * per slice finds the slice's m = ceil(k / slices) best keys (topk_bounds); the k-th
- * largest of those slices x m >= k entries of the row is at most the row's k-th
- * largest, so every slice block leaves the entries below it out before its select,
- * and usually keeps fewer than k, which skips the radix passes (a vocabulary of 152k,
- * k = 64: 38 slices of 2 keys). The stats still take every entry; what each slice
- * keeps of the row's k best, and so every output, is the same.
+ * Summaries first, where each slice's share of the k best is small (k / slices <= 4):
+ * a block per slice (topk_summary) writes the slice's stat and its REC = 8 best
+ * entries, ranked. The k-th largest of the slices' first m = ceil(k / slices) keys
+ * (slices x m >= k entries of the row) is at most the row's k-th largest: a bound no
+ * entry of the row's k best is below. A slice block then leaves the entries below the
+ * bound out before its select, and usually keeps fewer than k, which skips the radix
+ * passes (a vocabulary of 152k, k = 64: 38 slices of 2 keys). A slice whose REC-th
+ * best is below the bound has all its entries at or above it in its summary: its
+ * block takes them from there and reads no logits, which is most slices when the
+ * row's best spread over the vocabulary (64 rows of 152k: the slices' kernel 35 ->
+ * ? us; the bound from m = 2 best keys a slice without summaries: 0.136 -> 0.083 ms
+ * a call). What each slice keeps of the row's k best, and so every output, is the
+ * same.
  *
  * Floats are compared through an order-preserving uint32 key (negatives bit-flipped,
  * positives with the sign bit set; -0 keyed as +0 since they compare equal). The
@@ -54,6 +60,7 @@ constexpr int FIN_THREADS = 1024;                 /* the final block of a row   
 constexpr int FIN_ITEMS = 16;
 constexpr int FIN_CAP = FIN_THREADS * FIN_ITEMS;  /* 16384 = 64 slices of k = 256            */
 constexpr int NBINS = 2048;                       /* the widest digit: 11 bits               */
+constexpr int REC = 8;                            /* entries a slice's summary records       */
 constexpr size_t CHUNK_BYTES = (size_t)64 << 20;  /* work scratch for one chunk of rows      */
 static_assert(LM_TOPK_MAX == 256, "the final ranks LM_TOPK_MAX candidates");
 static_assert(SLICE % SL_THREADS == 0 && SL_ITEMS <= 32 && FIN_ITEMS <= 32, "a presence bit per item");
@@ -243,12 +250,13 @@ __device__ __forceinline__ void compact(const uint32_t (&key)[IT], unsigned pres
     }
 }
 
-/* The key of the row's bound: the k-th largest of its slices' n_bounds best keys
- * (topk_bounds), found by counting (one key a thread; n_bounds <= SL_THREADS). */
-__device__ uint32_t row_bound(const uint32_t *__restrict__ b, int n_bounds, int k, uint32_t *sh_keys,
+/* The key of the row's bound: the k-th largest of its slices' bm best keys (the
+ * first bm of each summary; n_bounds = slices x bm <= SL_THREADS), found by counting,
+ * one key a thread. */
+__device__ uint32_t row_bound(const uint32_t *__restrict__ rec_key, int n_bounds, int bm, int k, uint32_t *sh_keys,
                               uint32_t *sh_bound) {
     const int tid = threadIdx.x;
-    if (tid < n_bounds) sh_keys[tid] = b[tid];
+    if (tid < n_bounds) sh_keys[tid] = rec_key[(tid / bm) * REC + tid % bm];
     __syncthreads();
     if (tid < n_bounds) {
         const uint32_t mine = sh_keys[tid];
@@ -262,15 +270,18 @@ __device__ uint32_t row_bound(const uint32_t *__restrict__ b, int n_bounds, int 
 
 /* One block per (slice, row) of a list of n entries per row: the slice's k best in
  * list order, to out[row][slice][k]. RAW: the list is the logits row (ids are
- * positions) and the slice's stat is written; else (key, id) candidates of a level
- * before. bounds (RAW, may be NULL): the row's slices' n_bounds / gridDim.x best keys
- * each (topk_bounds): entries below the row's bound are left out before the select. */
+ * positions); else (key, id) candidates of a level before. RAW without summaries
+ * (rec_key NULL): the slice's stat is written here. With the slices' summaries
+ * (topk_summary: the stats written, each slice's REC best entries), entries below
+ * the row's bound are not candidates, and a slice whose REC-th best is below the
+ * bound has every entry at or above it in its summary: it takes them from there
+ * without reading its logits (most slices, the row's k best spread over many). */
 template <bool RAW>
 __global__ void __launch_bounds__(SL_THREADS, 4)
     topk_slices(const float *__restrict__ logits, const uint32_t *__restrict__ in_key,
                 const int32_t *__restrict__ in_id, int64_t n, int k, bool want_lse, uint32_t *__restrict__ out_key,
-                int32_t *__restrict__ out_id, slice_stat *__restrict__ stats, const uint32_t *__restrict__ bounds,
-                int n_bounds) {
+                int32_t *__restrict__ out_id, slice_stat *__restrict__ stats, const uint32_t *__restrict__ rec_key,
+                const int32_t *__restrict__ rec_id, int bm) {
     using S = select_smem<SL_THREADS, SL_ITEMS>;
     __shared__ S sm;
     __shared__ float s_max[S::NW];
@@ -284,6 +295,30 @@ __global__ void __launch_bounds__(SL_THREADS, 4)
     const int slice = blockIdx.x;
     const int64_t row = blockIdx.y, start = (int64_t)slice * SLICE;
     const int len = (int)min((int64_t)SLICE, n - start);
+    const int64_t obase = ((int64_t)row * gridDim.x + slice) * k;
+    const bool summarized = RAW && rec_key;
+
+    /* the row's bound: every entry of the row's k best is at or above it */
+    uint32_t bound = 0;
+    if (summarized) {
+        bound = row_bound(rec_key + row * gridDim.x * REC, (int)gridDim.x * bm, bm, k, s_bkeys, &s_bound);
+        const int64_t mine = (row * gridDim.x + slice) * REC;
+        if (len <= REC || rec_key[mine + REC - 1] < bound) {
+            /* the entries at or above the bound are a prefix of the summary (rank
+             * order): the first min(k, count) of them, placed in id order */
+            const bool take = tid < REC && tid < k && rec_id[mine + tid] >= 0 && rec_key[mine + tid] >= bound;
+            const int32_t id = take ? rec_id[mine + tid] : INT_MAX;
+            const unsigned taken = __ballot_sync(0xffffffffu, take); /* warp 0 holds the summary */
+            int pos = 0;
+            for (int j = 0; j < REC; j++) pos += (taken >> j & 1u) && __shfl_sync(0xffffffffu, id, j) < id;
+            if (take) out_key[obase + pos] = rec_key[mine + tid], out_id[obase + pos] = id;
+            /* fewer entries than k: padding below every float (lanes of warp 0 up to REC) */
+            if (tid >= __popc(taken) && tid < REC && tid < k) out_key[obase + tid] = 0u, out_id[obase + tid] = -1;
+            for (int i = REC + tid; i < k; i += SL_THREADS) out_key[obase + i] = 0u, out_id[obase + i] = -1;
+            return;
+        }
+    }
+
     uint32_t key[SL_ITEMS];
     unsigned present = 0;
     float mx = -INFINITY;
@@ -311,7 +346,7 @@ __global__ void __launch_bounds__(SL_THREADS, 4)
         }
     }
 
-    if (RAW) { /* the slice's max and first NaN, then its sum of exp in double */
+    if (RAW && !summarized) { /* the slice's max and first NaN, then its sum of exp in double */
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) {
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
@@ -336,8 +371,7 @@ __global__ void __launch_bounds__(SL_THREADS, 4)
     /* the row's bound: every entry of the row's k best is at or above it, so the
      * entries below are not candidates (the stats above took every entry) */
     int n_present = len;
-    if (RAW && bounds) {
-        const uint32_t bound = row_bound(bounds + row * n_bounds, n_bounds, k, s_bkeys, &s_bound);
+    if (summarized) {
 #pragma unroll
         for (int j = 0; j < SL_ITEMS; j++)
             if (key[j] < bound) present &= ~(1u << j);
@@ -352,7 +386,6 @@ __global__ void __launch_bounds__(SL_THREADS, 4)
     }
 
     const cut c = radix_cut(key, present, n_present, k, sm);
-    const int64_t obase = ((int64_t)row * gridDim.x + slice) * k;
     compact(key, present, c, sm, [&](int j, int pos) {
         const int i = j * SL_THREADS + tid;
         out_key[obase + pos] = key[j];
@@ -362,52 +395,109 @@ __global__ void __launch_bounds__(SL_THREADS, 4)
         out_key[obase + i] = 0u;
         out_id[obase + i] = -1;
     }
-    if (RAW && tid == 0) {
+    if (RAW && !summarized && tid == 0) {
         double sum = 0.0;
         for (int w = 0; w < S::NW; w++) sum += s_sum[w];
         stats[(int64_t)row * gridDim.x + slice] = slice_stat{sum, mx, nan};
     }
 }
 
-/* One block per (slice, row) of the logits: the slice's m best keys (m <= 4, by key,
- * equal keys by position; 0 past the slice's end) to bounds[row][slice][m]. A row's
- * slices then hold n_slices x m >= k of its entries, whose k-th largest is at most the
- * row's k-th largest: a bound no entry of the row's k best is below (row_bound). */
+/* The largest of a warp's 64-bit values. */
+__device__ __forceinline__ unsigned long long warp_max_u64(unsigned long long v) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        const unsigned long long o = __shfl_xor_sync(0xffffffffu, v, off);
+        v = o > v ? o : v;
+    }
+    return v;
+}
+
+/* One block per (slice, row) of the logits: the slice's stat (as topk_slices writes
+ * it without a summary) and its REC best entries, by key, equal keys by position,
+ * to rec_key / rec_id [row][slice][REC] (key 0 and id -1 past a short slice's end).
+ * A (key, position) pair is made one unique number, larger key first, then lower
+ * position: each warp takes its REC best in REC rounds of a warp maximum, then one
+ * warp those of the block. */
 __global__ void __launch_bounds__(SL_THREADS)
-    topk_bounds(const float *__restrict__ logits, int64_t n, int m, uint32_t *__restrict__ bounds) {
-    __shared__ unsigned long long s_best[SL_THREADS / 32];
+    topk_summary(const float *__restrict__ logits, int64_t n, bool want_lse, uint32_t *__restrict__ rec_key,
+                 int32_t *__restrict__ rec_id, slice_stat *__restrict__ stats) {
+    constexpr int NW = SL_THREADS / 32;
+    __shared__ unsigned long long s_top[NW * REC];
+    __shared__ float s_max[NW];
+    __shared__ int s_nan[NW];
+    __shared__ double s_sum[NW];
     lm_pdl_enter();
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int slice = blockIdx.x;
     const int64_t row = blockIdx.y, start = (int64_t)slice * SLICE;
     const int len = (int)min((int64_t)SLICE, n - start);
     const float *x = logits + row * n + start;
-    /* (key, position) made one unique number: larger key first, then lower position */
     unsigned long long item[SL_ITEMS];
+    float mx = -INFINITY;
+    int nan = INT_MAX;
 #pragma unroll
     for (int j = 0; j < SL_ITEMS; j++) {
         const int i = j * SL_THREADS + tid;
-        item[j] = i < len ? ((unsigned long long)order_key(x[i]) << 32) | (uint32_t)(SLICE - i) : 0ull;
+        const float v = i < len ? x[i] : -INFINITY;
+        item[j] = i < len ? ((unsigned long long)order_key(v) << 32) | (uint32_t)(SLICE - i) : 0ull;
+        if (isnan(v))
+            nan = min(nan, (int)(start + i));
+        else
+            mx = fmaxf(mx, v);
     }
     unsigned long long prev = ~0ull;
-    for (int r = 0; r < m; r++) { /* the next best below the last one taken */
+    for (int r = 0; r < REC; r++) { /* the warp's next best below the last one taken */
         unsigned long long best = 0;
 #pragma unroll
         for (int j = 0; j < SL_ITEMS; j++)
             if (item[j] < prev && item[j] > best) best = item[j];
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) {
-            const unsigned long long o = __shfl_xor_sync(0xffffffffu, best, off);
-            best = o > best ? o : best;
-        }
-        if (lane == 0) s_best[warp] = best;
-        __syncthreads();
-        best = 0;
-#pragma unroll
-        for (int w = 0; w < SL_THREADS / 32; w++) best = s_best[w] > best ? s_best[w] : best;
-        __syncthreads(); /* s_best is rewritten in the next round */
-        if (tid == 0) bounds[(row * gridDim.x + slice) * m + r] = (uint32_t)(best >> 32);
+        best = warp_max_u64(best);
+        if (lane == 0) s_top[warp * REC + r] = best;
         prev = best;
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+        nan = min(nan, __shfl_xor_sync(0xffffffffu, nan, off));
+    }
+    if (lane == 0) s_max[warp] = mx, s_nan[warp] = nan;
+    __syncthreads();
+    mx = -INFINITY, nan = INT_MAX;
+#pragma unroll
+    for (int w = 0; w < NW; w++) mx = fmaxf(mx, s_max[w]), nan = min(nan, s_nan[w]);
+    if (warp == 0) { /* the block's REC best of the warps' NW x REC */
+        static_assert(NW * REC <= 64, "two of the warps' entries a lane");
+        unsigned long long a = lane < NW * REC ? s_top[lane] : 0ull, b = lane + 32 < NW * REC ? s_top[lane + 32] : 0ull;
+        prev = ~0ull;
+        for (int r = 0; r < REC; r++) {
+            unsigned long long best = 0;
+            if (a < prev && a > best) best = a;
+            if (b < prev && b > best) best = b;
+            best = warp_max_u64(best);
+            if (lane == r) {
+                const int64_t o = (row * gridDim.x + slice) * REC + r;
+                rec_key[o] = (uint32_t)(best >> 32);
+                rec_id[o] = best ? (int32_t)(start + SLICE - (int64_t)(uint32_t)best) : -1;
+            }
+            prev = best;
+        }
+    }
+    /* the sum of exp as topk_slices takes it: a thread's entries in order, a fixed
+     * butterfly, the warps in order */
+    double sum = 0.0;
+    if (want_lse && nan == INT_MAX && isfinite(mx)) {
+#pragma unroll
+        for (int j = 0; j < SL_ITEMS; j++)
+            if (item[j]) sum += exp((double)key_value((uint32_t)(item[j] >> 32)) - (double)mx);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    if (lane == 0) s_sum[warp] = sum;
+    __syncthreads();
+    if (tid == 0) {
+        sum = 0.0;
+        for (int w = 0; w < NW; w++) sum += s_sum[w];
+        stats[row * gridDim.x + slice] = slice_stat{sum, mx, nan};
     }
 }
 
@@ -560,11 +650,12 @@ extern "C" lm_status lm_cuda_logits_topk(lm_backend *b, const float *logits, int
         levels++;
     }
     const bool want_lse = row_lse != NULL;
-    /* the bound (topk_bounds) where each slice's share of it is small: m best keys a
-     * slice, at most 4, and at most SL_THREADS keys a row (row_bound counts them) */
+    /* the slices' summaries and the row's bound from them where each slice's share
+     * of it is small: bm best keys a slice, at most 4, and at most SL_THREADS keys a
+     * row (row_bound counts them) */
     const int64_t bound_m = ceil_div(k, n_slices);
     const bool bound = n_slices > 1 && bound_m <= 4 && n_slices * bound_m <= SL_THREADS && !bound_turned_off();
-    const int n_bounds = bound ? (int)(n_slices * bound_m) : 0;
+    const int64_t n_rec = bound ? n_slices * REC : 0; /* summary entries a row */
 
     /* scratch: [ids n_rows*k][vals n_rows*k][max n_rows][lse n_rows], then a chunk's
      * work: [stats rows][slices] [list A keys, ids: rows x n_list[0]] [list B: rows x
@@ -572,15 +663,15 @@ extern "C" lm_status lm_cuda_logits_topk(lm_backend *b, const float *logits, int
     const size_t nk = (size_t)n_rows * (size_t)k, nr = (size_t)n_rows;
     const size_t out_bytes = align16((2 * nk + 2 * nr) * sizeof(float));
     const size_t per_row = sizeof(slice_stat) * (size_t)n_slices + 8 * (size_t)n_list[0] +
-                           (levels > 1 ? 8 * (size_t)n_list[1] : 0) + 4 * (size_t)n_bounds;
+                           (levels > 1 ? 8 * (size_t)n_list[1] : 0) + 8 * (size_t)n_rec;
     int64_t chunk = (int64_t)(CHUNK_BYTES / per_row);
     chunk = chunk < 1 ? 1 : chunk > 65535 ? 65535 : chunk;
     if (chunk > n_rows) chunk = n_rows;
     const size_t a_len = (size_t)chunk * (size_t)n_list[0], b_len = levels > 1 ? (size_t)chunk * (size_t)n_list[1] : 0;
     const size_t stats_bytes = sizeof(slice_stat) * (size_t)chunk * (size_t)n_slices;
-    const size_t bounds_bytes = align16(4 * (size_t)chunk * (size_t)n_bounds);
+    const size_t rec_len = (size_t)chunk * (size_t)n_rec;
     char *dev = (char *)lm_cuda_scratch(cu, LM_CUDA_SCR_TOPK, out_bytes + stats_bytes + align16(8 * a_len) +
-                                                                  align16(8 * b_len) + bounds_bytes);
+                                                                  align16(8 * b_len) + 8 * rec_len);
     if (!dev) return lm_cuda_take_error(cu);
     int32_t *d_ids = (int32_t *)dev;
     float *d_vals = (float *)(d_ids + nk), *d_max = d_vals + nk, *d_lse = d_max + nr;
@@ -589,27 +680,29 @@ extern "C" lm_status lm_cuda_logits_topk(lm_backend *b, const float *logits, int
     int32_t *id_a = (int32_t *)(key_a + a_len);
     uint32_t *key_b = (uint32_t *)((char *)key_a + align16(8 * a_len));
     int32_t *id_b = (int32_t *)(key_b + b_len);
-    uint32_t *d_bounds = bound ? (uint32_t *)((char *)key_b + align16(8 * b_len)) : NULL;
+    uint32_t *rec_key = bound ? (uint32_t *)((char *)key_b + align16(8 * b_len)) : NULL;
+    int32_t *rec_id = bound ? (int32_t *)(rec_key + rec_len) : NULL;
 
     bool ok = true;
     for (int64_t r0 = 0; ok && r0 < n_rows; r0 += chunk) {
         const unsigned rows = (unsigned)(n_rows - r0 < chunk ? n_rows - r0 : chunk);
         const float *x = logits + r0 * n_vocab;
         if (bound) {
-            lm_cuda_launch(cu, topk_bounds, dim3((unsigned)n_slices, rows), SL_THREADS, x, n_vocab, (int)bound_m,
-                           d_bounds);
-            ok = lm_cuda_launched(cu, "topk_bounds");
+            lm_cuda_launch(cu, topk_summary, dim3((unsigned)n_slices, rows), SL_THREADS, x, n_vocab, want_lse, rec_key,
+                           rec_id, d_stats);
+            ok = lm_cuda_launched(cu, "topk_summary");
         }
         lm_cuda_launch(cu, topk_slices<true>, dim3((unsigned)n_slices, rows), SL_THREADS, x, (const uint32_t *)NULL,
-                       (const int32_t *)NULL, n_vocab, k, want_lse, key_a, id_a, d_stats, (const uint32_t *)d_bounds,
-                       n_bounds);
+                       (const int32_t *)NULL, n_vocab, k, want_lse, key_a, id_a, d_stats, (const uint32_t *)rec_key,
+                       (const int32_t *)rec_id, (int)bound_m);
         ok = ok && lm_cuda_launched(cu, "topk_slices (logits)");
         uint32_t *src_key = key_a, *dst_key = key_b;
         int32_t *src_id = id_a, *dst_id = id_b;
         for (int l = 1; ok && l < levels; l++) {
             lm_cuda_launch(cu, topk_slices<false>, dim3((unsigned)ceil_div(n_list[l - 1], SLICE), rows), SL_THREADS,
                            (const float *)NULL, (const uint32_t *)src_key, (const int32_t *)src_id, n_list[l - 1], k,
-                           false, dst_key, dst_id, (slice_stat *)NULL, (const uint32_t *)NULL, 0);
+                           false, dst_key, dst_id, (slice_stat *)NULL, (const uint32_t *)NULL, (const int32_t *)NULL,
+                           0);
             ok = lm_cuda_launched(cu, "topk_slices (candidates)");
             uint32_t *tk = src_key;
             int32_t *ti = src_id;
