@@ -514,6 +514,8 @@ __global__ void __launch_bounds__(FIN_THREADS)
     __shared__ uint32_t cand_key[LM_TOPK_MAX];
     __shared__ int32_t cand_id[LM_TOPK_MAX];
     __shared__ int rank[LM_TOPK_MAX];
+    __shared__ uint32_t few_key[FIN_THREADS];
+    __shared__ int32_t few_id[FIN_THREADS];
     __shared__ double s_sum[S::NW];
     __shared__ int s_nan;
     __shared__ float s_mx;
@@ -546,6 +548,14 @@ __global__ void __launch_bounds__(FIN_THREADS)
         return;
     }
 
+    /* the candidate of rank r: its id and logit out; the first's logit is the max
+     * (bit for bit the reference's) */
+    auto write_out = [&](int r, int32_t id) {
+        const float v = x[id];
+        oid[r] = id;
+        oval[r] = v;
+        if (r == 0) s_mx = v, out_max[row] = v;
+    };
     const uint32_t *kin = in_key + row * n_in;
     const int32_t *iin = in_id + row * n_in;
     uint32_t key[FIN_ITEMS];
@@ -556,36 +566,48 @@ __global__ void __launch_bounds__(FIN_THREADS)
         key[j] = i < n_in ? kin[i] : 0u;
         if (i < n_in) present |= 1u << j;
     }
-    const cut c = radix_cut(key, present, n_in, k, sm);
-    compact(key, present, c, sm, [&](int j, int pos) {
-        cand_key[pos] = key[j];
-        cand_id[pos] = iin[j * FIN_THREADS + tid];
-    });
-    __syncthreads();
-
-    /* rank each candidate by counting the ones before it (ids are distinct: the
-     * ranks are a permutation); 1024 / p2 threads count a share of each */
-    int p2 = 1;
-    while (p2 < k) p2 <<= 1;
-    const int parts = FIN_THREADS / p2, cidx = tid & (p2 - 1), part = tid / p2;
-    if (cidx < k) {
-        const uint32_t kc = cand_key[cidx];
-        const int32_t ic = cand_id[cidx];
-        int cnt = 0;
-        for (int j = part; j < k; j += parts) cnt += better(cand_key[j], cand_id[j], kc, ic) ? 1 : 0;
-        if (cnt) atomicAdd(&rank[cidx], cnt);
-    }
-    __syncthreads();
-    if (part == 0 && cidx < k) {
-        const int r = rank[cidx];
-        const int32_t id = cand_id[cidx];
-        const float v = x[id];
-        oid[r] = id;
-        oval[r] = v;
-        if (r == 0) {
-            s_mx = v;
-            out_max[row] = v; /* the reference's max: its first candidate's logit */
+    /* few real candidates (padding has key 0, which no logit of a row without a NaN
+     * has; the slices' bound leaves ~k of them): each is ranked by counting the ones
+     * before it (ids are distinct: the ranks are a permutation), no select */
+    int n_real = 0;
+#pragma unroll
+    for (int j = 0; j < FIN_ITEMS; j++) n_real += key[j] != 0u;
+    int total;
+    int at = block_excl_scan<FIN_THREADS>(n_real, sm.warp_tot, &total);
+    if (total >= k && total <= FIN_THREADS) {
+#pragma unroll
+        for (int j = 0; j < FIN_ITEMS; j++)
+            if (key[j]) few_key[at] = key[j], few_id[at] = iin[j * FIN_THREADS + tid], at++;
+        __syncthreads();
+        if (tid < total) {
+            const uint32_t kc = few_key[tid];
+            const int32_t ic = few_id[tid];
+            int r = 0;
+            for (int j = 0; j < total; j++) r += better(few_key[j], few_id[j], kc, ic) ? 1 : 0;
+            if (r < k) write_out(r, ic);
         }
+    } else {
+        const cut c = radix_cut(key, present, n_in, k, sm);
+        compact(key, present, c, sm, [&](int j, int pos) {
+            cand_key[pos] = key[j];
+            cand_id[pos] = iin[j * FIN_THREADS + tid];
+        });
+        __syncthreads();
+
+        /* rank each candidate by counting the ones before it; 1024 / p2 threads count
+         * a share of each */
+        int p2 = 1;
+        while (p2 < k) p2 <<= 1;
+        const int parts = FIN_THREADS / p2, cidx = tid & (p2 - 1), part = tid / p2;
+        if (cidx < k) {
+            const uint32_t kc = cand_key[cidx];
+            const int32_t ic = cand_id[cidx];
+            int cnt = 0;
+            for (int j = part; j < k; j += parts) cnt += better(cand_key[j], cand_id[j], kc, ic) ? 1 : 0;
+            if (cnt) atomicAdd(&rank[cidx], cnt);
+        }
+        __syncthreads();
+        if (part == 0 && cidx < k) write_out(rank[cidx], cand_id[cidx]);
     }
     if (!want_lse) return;
     __syncthreads();
