@@ -402,14 +402,12 @@ __global__ void __launch_bounds__(SL_THREADS, 4)
     }
 }
 
-/* The largest of a warp's 64-bit values. */
+/* The largest of a warp's 64-bit values: the high halves' maximum, then the low
+ * halves' among the lanes holding it (two warp reductions, not five shuffle steps). */
 __device__ __forceinline__ unsigned long long warp_max_u64(unsigned long long v) {
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-        const unsigned long long o = __shfl_xor_sync(0xffffffffu, v, off);
-        v = o > v ? o : v;
-    }
-    return v;
+    const uint32_t hi = (uint32_t)(v >> 32), top = __reduce_max_sync(0xffffffffu, hi);
+    const uint32_t lo = __reduce_max_sync(0xffffffffu, hi == top ? (uint32_t)v : 0u);
+    return ((unsigned long long)top << 32) | lo;
 }
 
 /* One block per (slice, row) of the logits: the slice's stat (as topk_slices writes
