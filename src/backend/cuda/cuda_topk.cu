@@ -414,13 +414,14 @@ __device__ __forceinline__ unsigned long long warp_max_u64(unsigned long long v)
  * it without a summary) and its REC best entries, by key, equal keys by position,
  * to rec_key / rec_id [row][slice][REC] (key 0 and id -1 past a short slice's end).
  * A (key, position) pair is made one unique number, larger key first, then lower
- * position: each warp takes its REC best in REC rounds of a warp maximum, then one
- * warp those of the block. */
+ * position. (REC rounds of a block maximum over every entry took 53 us for 64 rows
+ * of 152k on the H200; the threshold below leaves a few candidates to rank.) */
 __global__ void __launch_bounds__(SL_THREADS)
     topk_summary(const float *__restrict__ logits, int64_t n, bool want_lse, uint32_t *__restrict__ rec_key,
                  int32_t *__restrict__ rec_id, slice_stat *__restrict__ stats) {
     constexpr int NW = SL_THREADS / 32;
-    __shared__ unsigned long long s_top[NW * REC];
+    __shared__ unsigned long long s_cut[NW], s_cand[NW * REC * SL_ITEMS]; /* at most REC threads a warp */
+    __shared__ int s_count;
     __shared__ float s_max[NW];
     __shared__ int s_nan[NW];
     __shared__ double s_sum[NW];
@@ -443,16 +444,19 @@ __global__ void __launch_bounds__(SL_THREADS)
         else
             mx = fmaxf(mx, v);
     }
-    unsigned long long prev = ~0ull;
-    for (int r = 0; r < REC; r++) { /* the warp's next best below the last one taken */
-        unsigned long long best = 0;
+    /* the threshold: each warp's REC-th largest thread maximum (REC rounds of a warp
+     * maximum over one value a lane), the largest of those over the warps. A warp
+     * holds REC entries at or above its own, so the block's REC best are at or above
+     * it; at most REC threads of a warp hold entries above it: few candidates */
+    unsigned long long v = 0, warp_cut = 0;
 #pragma unroll
-        for (int j = 0; j < SL_ITEMS; j++)
-            if (item[j] < prev && item[j] > best) best = item[j];
-        best = warp_max_u64(best);
-        if (lane == 0) s_top[warp * REC + r] = best;
-        prev = best;
+    for (int j = 0; j < SL_ITEMS; j++) v = item[j] > v ? item[j] : v;
+    for (int r = 0; r < REC; r++) {
+        warp_cut = warp_max_u64(v);
+        if (v == warp_cut) v = 0; /* entries are unique: the one lane holding it */
     }
+    if (lane == 0) s_cut[warp] = warp_cut;
+    if (tid == 0) s_count = 0;
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) {
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
@@ -460,26 +464,30 @@ __global__ void __launch_bounds__(SL_THREADS)
     }
     if (lane == 0) s_max[warp] = mx, s_nan[warp] = nan;
     __syncthreads();
+    unsigned long long cut = 0;
     mx = -INFINITY, nan = INT_MAX;
 #pragma unroll
-    for (int w = 0; w < NW; w++) mx = fmaxf(mx, s_max[w]), nan = min(nan, s_nan[w]);
-    if (warp == 0) { /* the block's REC best of the warps' NW x REC */
-        static_assert(NW * REC <= 64, "two of the warps' entries a lane");
-        unsigned long long a = lane < NW * REC ? s_top[lane] : 0ull, b = lane + 32 < NW * REC ? s_top[lane + 32] : 0ull;
-        prev = ~0ull;
-        for (int r = 0; r < REC; r++) {
-            unsigned long long best = 0;
-            if (a < prev && a > best) best = a;
-            if (b < prev && b > best) best = b;
-            best = warp_max_u64(best);
-            if (lane == r) {
-                const int64_t o = (row * gridDim.x + slice) * REC + r;
-                rec_key[o] = (uint32_t)(best >> 32);
-                rec_id[o] = best ? (int32_t)(start + SLICE - (int64_t)(uint32_t)best) : -1;
-            }
-            prev = best;
+    for (int w = 0; w < NW; w++) {
+        mx = fmaxf(mx, s_max[w]), nan = min(nan, s_nan[w]);
+        cut = s_cut[w] > cut ? s_cut[w] : cut;
+    }
+#pragma unroll
+    for (int j = 0; j < SL_ITEMS; j++)
+        if (item[j] && item[j] >= cut) s_cand[atomicAdd(&s_count, 1)] = item[j];
+    __syncthreads();
+    /* each candidate ranked by counting the larger ones; the REC best recorded */
+    const int count = s_count;
+    const int64_t o = (row * gridDim.x + slice) * REC;
+    for (int c = tid; c < count; c += SL_THREADS) {
+        const unsigned long long mine = s_cand[c];
+        int r = 0;
+        for (int j = 0; j < count; j++) r += s_cand[j] > mine;
+        if (r < REC) {
+            rec_key[o + r] = (uint32_t)(mine >> 32);
+            rec_id[o + r] = (int32_t)(start + SLICE - (int64_t)(uint32_t)mine);
         }
     }
+    if (tid >= count && tid < REC) rec_key[o + tid] = 0u, rec_id[o + tid] = -1;
     /* the sum of exp as topk_slices takes it: a thread's entries in order, a fixed
      * butterfly, the warps in order */
     double sum = 0.0;
