@@ -61,6 +61,7 @@ constexpr int FIN_ITEMS = 16;
 constexpr int FIN_CAP = FIN_THREADS * FIN_ITEMS;  /* 16384 = 64 slices of k = 256            */
 constexpr int NBINS = 2048;                       /* the widest digit: 11 bits               */
 constexpr int REC = 8;                            /* entries a slice's summary records       */
+constexpr int SL_GROUP = 8;                       /* slices a bounded slice block takes      */
 constexpr size_t CHUNK_BYTES = (size_t)64 << 20;  /* work scratch for one chunk of rows      */
 static_assert(LM_TOPK_MAX == 256, "the final ranks LM_TOPK_MAX candidates");
 static_assert(SLICE % SL_THREADS == 0 && SL_ITEMS <= 32 && FIN_ITEMS <= 32, "a presence bit per item");
@@ -250,75 +251,30 @@ __device__ __forceinline__ void compact(const uint32_t (&key)[IT], unsigned pres
     }
 }
 
-/* The key of the row's bound: the k-th largest of its slices' bm best keys (the
- * first bm of each summary; n_bounds = slices x bm <= SL_THREADS), found by counting,
- * one key a thread. */
-__device__ uint32_t row_bound(const uint32_t *__restrict__ rec_key, int n_bounds, int bm, int k, uint32_t *sh_keys,
-                              uint32_t *sh_bound) {
-    const int tid = threadIdx.x;
-    if (tid < n_bounds) sh_keys[tid] = rec_key[(tid / bm) * REC + tid % bm];
-    __syncthreads();
-    if (tid < n_bounds) {
-        const uint32_t mine = sh_keys[tid];
-        int gt = 0, ge = 0;
-        for (int j = 0; j < n_bounds; j++) gt += sh_keys[j] > mine, ge += sh_keys[j] >= mine;
-        if (gt < k && ge >= k) *sh_bound = mine; /* every such thread holds the same key */
-    }
-    __syncthreads();
-    return *sh_bound;
-}
+/* A slice block's shared memory. */
+struct slice_smem {
+    select_smem<SL_THREADS, SL_ITEMS> sel;
+    float max[SL_THREADS / 32];
+    int nan[SL_THREADS / 32];
+    double sum[SL_THREADS / 32];
+    int present[SL_THREADS / 32];
+    uint32_t bound_keys[SL_THREADS], bound;
+};
 
-/* One block per (slice, row) of a list of n entries per row: the slice's k best in
- * list order, to out[row][slice][k]. RAW: the list is the logits row (ids are
- * positions); else (key, id) candidates of a level before. RAW without summaries
- * (rec_key NULL): the slice's stat is written here. With the slices' summaries
- * (topk_summary: the stats written, each slice's REC best entries), entries below
- * the row's bound are not candidates, and a slice whose REC-th best is below the
- * bound has every entry at or above it in its summary: it takes them from there
- * without reading its logits (most slices, the row's k best spread over many). */
-template <bool RAW>
-__global__ void __launch_bounds__(SL_THREADS, 4)
-    topk_slices(const float *__restrict__ logits, const uint32_t *__restrict__ in_key,
-                const int32_t *__restrict__ in_id, int64_t n, int k, bool want_lse, uint32_t *__restrict__ out_key,
-                int32_t *__restrict__ out_id, slice_stat *__restrict__ stats, const uint32_t *__restrict__ rec_key,
-                const int32_t *__restrict__ rec_id, int bm) {
-    using S = select_smem<SL_THREADS, SL_ITEMS>;
-    __shared__ S sm;
-    __shared__ float s_max[S::NW];
-    __shared__ int s_nan[S::NW];
-    __shared__ double s_sum[S::NW];
-    __shared__ uint32_t s_bkeys[SL_THREADS], s_bound;
-    __shared__ int s_present[S::NW];
-    lm_pdl_enter();
-
+/* The slice's k best of a list of n entries per row, in list order, to
+ * out[row][slice][k] (n_slices slices a row). RAW: the list is the logits row (ids
+ * are positions); else (key, id) candidates of a level before. RAW without a bound
+ * (bounded false): the slice's stat is written here; with it, the stats are the
+ * summaries' and entries below `bound` are not candidates. */
+template <bool RAW, bool BOUNDED>
+__device__ void slice_select(slice_smem &sh, const float *__restrict__ logits, const uint32_t *__restrict__ in_key,
+                             const int32_t *__restrict__ in_id, int64_t n, int k, bool want_lse,
+                             uint32_t *__restrict__ out_key, int32_t *__restrict__ out_id,
+                             slice_stat *__restrict__ stats, int64_t row, int slice, int n_slices, uint32_t bound) {
+    constexpr int NW = SL_THREADS / 32;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int slice = blockIdx.x;
-    const int64_t row = blockIdx.y, start = (int64_t)slice * SLICE;
+    const int64_t start = (int64_t)slice * SLICE, obase = (row * n_slices + slice) * k;
     const int len = (int)min((int64_t)SLICE, n - start);
-    const int64_t obase = ((int64_t)row * gridDim.x + slice) * k;
-    const bool summarized = RAW && rec_key;
-
-    /* the row's bound: every entry of the row's k best is at or above it */
-    uint32_t bound = 0;
-    if (summarized) {
-        bound = row_bound(rec_key + row * gridDim.x * REC, (int)gridDim.x * bm, bm, k, s_bkeys, &s_bound);
-        const int64_t mine = (row * gridDim.x + slice) * REC;
-        if (len <= REC || rec_key[mine + REC - 1] < bound) {
-            /* the entries at or above the bound are a prefix of the summary (rank
-             * order): the first min(k, count) of them, placed in id order */
-            const bool take = tid < REC && tid < k && rec_id[mine + tid] >= 0 && rec_key[mine + tid] >= bound;
-            const int32_t id = take ? rec_id[mine + tid] : INT_MAX;
-            const unsigned taken = __ballot_sync(0xffffffffu, take); /* warp 0 holds the summary */
-            int pos = 0;
-            for (int j = 0; j < REC; j++) pos += (taken >> j & 1u) && __shfl_sync(0xffffffffu, id, j) < id;
-            if (take) out_key[obase + pos] = rec_key[mine + tid], out_id[obase + pos] = id;
-            /* fewer entries than k: padding below every float (lanes of warp 0 up to REC) */
-            if (tid >= __popc(taken) && tid < REC && tid < k) out_key[obase + tid] = 0u, out_id[obase + tid] = -1;
-            for (int i = REC + tid; i < k; i += SL_THREADS) out_key[obase + i] = 0u, out_id[obase + i] = -1;
-            return;
-        }
-    }
-
     uint32_t key[SL_ITEMS];
     unsigned present = 0;
     float mx = -INFINITY;
@@ -346,17 +302,17 @@ __global__ void __launch_bounds__(SL_THREADS, 4)
         }
     }
 
-    if (RAW && !summarized) { /* the slice's max and first NaN, then its sum of exp in double */
+    if (RAW && !BOUNDED) { /* the slice's max and first NaN, then its sum of exp in double */
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) {
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
             nan = min(nan, __shfl_xor_sync(0xffffffffu, nan, off));
         }
-        if (lane == 0) s_max[warp] = mx, s_nan[warp] = nan;
+        if (lane == 0) sh.max[warp] = mx, sh.nan[warp] = nan;
         __syncthreads();
         mx = -INFINITY, nan = INT_MAX;
 #pragma unroll
-        for (int w = 0; w < S::NW; w++) mx = fmaxf(mx, s_max[w]), nan = min(nan, s_nan[w]);
+        for (int w = 0; w < NW; w++) mx = fmaxf(mx, sh.max[w]), nan = min(nan, sh.nan[w]);
         double sum = 0.0;
         if (want_lse && nan == INT_MAX && isfinite(mx)) {
 #pragma unroll
@@ -365,28 +321,28 @@ __global__ void __launch_bounds__(SL_THREADS, 4)
         }
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-        if (lane == 0) s_sum[warp] = sum; /* read after the select's barriers */
+        if (lane == 0) sh.sum[warp] = sum; /* read after the select's barriers */
     }
 
-    /* the row's bound: every entry of the row's k best is at or above it, so the
-     * entries below are not candidates (the stats above took every entry) */
+    /* every entry of the row's k best is at or above the bound, so the entries below
+     * are not candidates */
     int n_present = len;
-    if (summarized) {
+    if (BOUNDED) {
 #pragma unroll
         for (int j = 0; j < SL_ITEMS; j++)
             if (key[j] < bound) present &= ~(1u << j);
         int cnt = __popc(present);
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) cnt += __shfl_xor_sync(0xffffffffu, cnt, off);
-        if (lane == 0) s_present[warp] = cnt;
+        if (lane == 0) sh.present[warp] = cnt;
         __syncthreads();
         n_present = 0;
 #pragma unroll
-        for (int w = 0; w < S::NW; w++) n_present += s_present[w];
+        for (int w = 0; w < NW; w++) n_present += sh.present[w];
     }
 
-    const cut c = radix_cut(key, present, n_present, k, sm);
-    compact(key, present, c, sm, [&](int j, int pos) {
+    const cut c = radix_cut(key, present, n_present, k, sh.sel);
+    compact(key, present, c, sh.sel, [&](int j, int pos) {
         const int i = j * SL_THREADS + tid;
         out_key[obase + pos] = key[j];
         out_id[obase + pos] = RAW ? (int32_t)(start + i) : in_id[row * n + start + i];
@@ -395,11 +351,80 @@ __global__ void __launch_bounds__(SL_THREADS, 4)
         out_key[obase + i] = 0u;
         out_id[obase + i] = -1;
     }
-    if (RAW && !summarized && tid == 0) {
+    if (RAW && !BOUNDED && tid == 0) {
         double sum = 0.0;
-        for (int w = 0; w < S::NW; w++) sum += s_sum[w];
-        stats[(int64_t)row * gridDim.x + slice] = slice_stat{sum, mx, nan};
+        for (int w = 0; w < NW; w++) sum += sh.sum[w];
+        stats[row * n_slices + slice] = slice_stat{sum, mx, nan};
     }
+}
+
+/* One block per (slice, row) of a list of n entries per row: the slice's k best
+ * (slice_select, without a bound). */
+template <bool RAW>
+__global__ void __launch_bounds__(SL_THREADS, 4)
+    topk_slices(const float *__restrict__ logits, const uint32_t *__restrict__ in_key,
+                const int32_t *__restrict__ in_id, int64_t n, int k, bool want_lse, uint32_t *__restrict__ out_key,
+                int32_t *__restrict__ out_id, slice_stat *__restrict__ stats) {
+    __shared__ slice_smem sh;
+    lm_pdl_enter();
+    slice_select<RAW, false>(sh, logits, in_key, in_id, n, k, want_lse, out_key, out_id, stats, blockIdx.y,
+                             blockIdx.x, gridDim.x, 0u);
+}
+
+/* One block per (SL_GROUP slices, row) of the logits, after the slices' summaries
+ * (topk_summary: their stats and REC best entries). The row's bound: the k-th largest
+ * of its slices' bm best keys, at most the row's k-th largest, so no entry of the
+ * row's k best is below it. A slice whose REC-th best is below the bound has every
+ * entry at or above it in its summary: a warp takes them from there (the first
+ * min(k, count), a prefix of the summary, placed in id order), reading no logits;
+ * that is most slices when the row's best spread over the vocabulary. The others go
+ * through slice_select with the bound, one after another. */
+__global__ void __launch_bounds__(SL_THREADS, 4)
+    topk_slices_bounded(const float *__restrict__ logits, int64_t n, int n_slices, int k,
+                        uint32_t *__restrict__ out_key, int32_t *__restrict__ out_id,
+                        const uint32_t *__restrict__ rec_key, const int32_t *__restrict__ rec_id, int bm) {
+    __shared__ slice_smem sh;
+    lm_pdl_enter();
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int64_t row = blockIdx.y;
+    const int first = blockIdx.x * SL_GROUP;
+    const uint32_t *rk = rec_key + row * n_slices * REC;
+    const int32_t *ri = rec_id + row * n_slices * REC;
+
+    /* the bound, by counting: one of the n_slices x bm <= SL_THREADS keys a thread */
+    const int n_bounds = n_slices * bm;
+    if (tid < n_bounds) sh.bound_keys[tid] = rk[(tid / bm) * REC + tid % bm];
+    __syncthreads();
+    if (tid < n_bounds) {
+        const uint32_t mine = sh.bound_keys[tid];
+        int gt = 0, ge = 0;
+        for (int j = 0; j < n_bounds; j++) gt += sh.bound_keys[j] > mine, ge += sh.bound_keys[j] >= mine;
+        if (gt < k && ge >= k) sh.bound = mine; /* every such thread holds the same key */
+    }
+    __syncthreads();
+    const uint32_t bound = sh.bound;
+    auto in_summary = [&](int s) { /* all its entries at or above the bound are in its summary */
+        return min((int64_t)SLICE, n - (int64_t)s * SLICE) <= REC || rk[s * REC + REC - 1] < bound;
+    };
+
+    static_assert(SL_GROUP <= SL_THREADS / 32, "a warp a slice");
+    const int s = first + warp;
+    if (warp < SL_GROUP && s < n_slices && in_summary(s)) {
+        const bool take = lane < REC && lane < k && ri[s * REC + lane] >= 0 && rk[s * REC + lane] >= bound;
+        const int32_t id = take ? ri[s * REC + lane] : INT_MAX;
+        const unsigned taken = __ballot_sync(0xffffffffu, take);
+        int pos = 0;
+        for (int j = 0; j < REC; j++) pos += (taken >> j & 1u) && __shfl_sync(0xffffffffu, id, j) < id;
+        const int64_t obase = (row * n_slices + s) * k;
+        if (take) out_key[obase + pos] = rk[s * REC + lane], out_id[obase + pos] = id;
+        for (int i = __popc(taken) + lane; i < k; i += 32) out_key[obase + i] = 0u, out_id[obase + i] = -1;
+    }
+    for (int g = 0; g < SL_GROUP && first + g < n_slices; g++)
+        if (!in_summary(first + g)) {
+            __syncthreads(); /* the shared memory of the slice before */
+            slice_select<true, true>(sh, logits, NULL, NULL, n, k, false, out_key, out_id, NULL, row, first + g,
+                                     n_slices, bound);
+        }
 }
 
 /* The largest of a warp's 64-bit values: the high halves' maximum, then the low
@@ -719,18 +744,21 @@ extern "C" lm_status lm_cuda_logits_topk(lm_backend *b, const float *logits, int
             lm_cuda_launch(cu, topk_summary, dim3((unsigned)n_slices, rows), SL_THREADS, x, n_vocab, want_lse, rec_key,
                            rec_id, d_stats);
             ok = lm_cuda_launched(cu, "topk_summary");
+            lm_cuda_launch(cu, topk_slices_bounded, dim3((unsigned)ceil_div(n_slices, SL_GROUP), rows), SL_THREADS, x,
+                           n_vocab, (int)n_slices, k, key_a, id_a, (const uint32_t *)rec_key, (const int32_t *)rec_id,
+                           (int)bound_m);
+            ok = ok && lm_cuda_launched(cu, "topk_slices_bounded");
+        } else {
+            lm_cuda_launch(cu, topk_slices<true>, dim3((unsigned)n_slices, rows), SL_THREADS, x,
+                           (const uint32_t *)NULL, (const int32_t *)NULL, n_vocab, k, want_lse, key_a, id_a, d_stats);
+            ok = lm_cuda_launched(cu, "topk_slices (logits)");
         }
-        lm_cuda_launch(cu, topk_slices<true>, dim3((unsigned)n_slices, rows), SL_THREADS, x, (const uint32_t *)NULL,
-                       (const int32_t *)NULL, n_vocab, k, want_lse, key_a, id_a, d_stats, (const uint32_t *)rec_key,
-                       (const int32_t *)rec_id, (int)bound_m);
-        ok = ok && lm_cuda_launched(cu, "topk_slices (logits)");
         uint32_t *src_key = key_a, *dst_key = key_b;
         int32_t *src_id = id_a, *dst_id = id_b;
         for (int l = 1; ok && l < levels; l++) {
             lm_cuda_launch(cu, topk_slices<false>, dim3((unsigned)ceil_div(n_list[l - 1], SLICE), rows), SL_THREADS,
                            (const float *)NULL, (const uint32_t *)src_key, (const int32_t *)src_id, n_list[l - 1], k,
-                           false, dst_key, dst_id, (slice_stat *)NULL, (const uint32_t *)NULL, (const int32_t *)NULL,
-                           0);
+                           false, dst_key, dst_id, (slice_stat *)NULL);
             ok = lm_cuda_launched(cu, "topk_slices (candidates)");
             uint32_t *tk = src_key;
             int32_t *ti = src_id;
