@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(32 * WARPS)
                     const __half *__restrict__ K, const __half *__restrict__ V, const float *__restrict__ q,
                     int64_t window, float scale, int max_splits, float *__restrict__ out,
                     __nv_bfloat16 *__restrict__ outb, float *__restrict__ part, int *__restrict__ counts,
-                    const __grid_constant__ qf_args fin) {
+                    bool ahead, const __grid_constant__ qf_args fin) {
     constexpr int THREADS = 32 * WARPS;
     __shared__ float o_sh[WARPS][MAXG][HD + 1]; /* +1: rows fall in other banks */
     __shared__ float ml_sh[WARPS][MAXG][2];
@@ -113,6 +113,17 @@ __global__ void __launch_bounds__(32 * WARPS)
     if (FIN)
         for (int i = threadIdx.x; i < fin.n_rot / 2; i += THREADS)
             lm_cuda_rope_cs(p, fin.freq_scale, fin.theta, i, fin.n_rot, &cs[i], &sn[i]);
+    /* ahead: a warp's first KV block, when it lies wholly before the token's own
+     * position, was written by earlier steps: its keys and values are loaded before
+     * the wait, under the kernel before and this one's qkv_finish */
+    const int64_t head_off = (int64_t)hk * HD;
+    const int kb_first = kb_begin + warp;
+    const bool early = ahead && tc_early(HD) && kb_first <= kb_end && kb_first < kb_last;
+    uint32_t kf[HD / 16][2][2], vf[tc_early(HD) ? HD / 8 : 1][2];
+    if (early) {
+        load_keys<HD>(K, table, kb_first, d_kv, head_off, g, c2, kf);
+        if constexpr (tc_early(HD)) load_values<HD>(V, table, kb_first, TC_ROWS - 1, d_kv, head_off, g, c2, vf);
+    }
     lm_pdl_enter();
     if (FIN)
         dec_finish<HD, THREADS>(fin, cs, sn, t, hk, h0, group, split == 0, split == n_split - 1,
@@ -122,11 +133,18 @@ __global__ void __launch_bounds__(32 * WARPS)
     float o[HD / 8][4], m[2], l[2];
     tc_start_rows<HD>(FIN ? &q_fin[0][0] : q + ((int64_t)t * n_head + h0) * HD, HD, group, g, c2, qa, o, m, l);
 
-    const int64_t head_off = (int64_t)hk * HD;
-    const int kb_first = kb_begin + warp;
-    uint32_t kf[HD / 16][2][2];
-    if (kb_first <= kb_end) load_keys<HD>(K, table, kb_first, d_kv, head_off, g, c2, kf);
-    for (int kb = kb_first; kb <= kb_end; kb += WARPS) {
+    int kb = kb_first;
+    if (early) {
+        if constexpr (tc_early(HD)) {
+            const int next = kb + WARPS <= kb_end ? kb + WARPS : -1;
+            tc_attend_block<HD, true, true>(K, V, table, kb, next, p - kb * TC_ROWS, d_kv, head_off, g, c2, qa, kf,
+                                            lo, pos, scale, m, l, o, vf);
+        }
+        kb += WARPS;
+    } else if (kb_first <= kb_end) {
+        load_keys<HD>(K, table, kb_first, d_kv, head_off, g, c2, kf);
+    }
+    for (; kb <= kb_end; kb += WARPS) {
         const int next = kb + WARPS <= kb_end ? kb + WARPS : -1;
         tc_attend_block<HD, true>(K, V, table, kb, next, p - kb * TC_ROWS, d_kv, head_off, g, c2, qa, kf, lo, pos,
                                   scale, m, l, o);
@@ -203,7 +221,8 @@ void lm_cuda_attention_dec(lm_cuda_backend *cu, const lm_kv_cache *kv, int64_t l
     const qf_args &f = fin ? *fin : none;
 #define LM_DEC(H, W, G, F)                                                                                           \
     lm_cuda_launch(cu, attn_dec_kernel<H, W, G, F>, grid, 32 * W, meta, (int)n, (int)n_head, (int)n_head_kv,          \
-                   (int)group, d_kv, K, V, q, window, scale, max_splits, out, outb, part, counts, f)
+                   (int)group, d_kv, K, V, q, window, scale, max_splits, out, outb, part, counts, cu->attn_dec_ahead,  \
+                   f)
 #define LM_DEC_WARPS(H, F) (eight ? LM_DEC(H, 8, 8, F) : LM_DEC(H, 4, DEC_MAX_GROUP, F))
     if (head_dim == 64)
         fin ? LM_DEC_WARPS(64, true) : LM_DEC_WARPS(64, false);

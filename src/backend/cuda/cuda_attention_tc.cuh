@@ -138,6 +138,16 @@ __device__ __forceinline__ void tc_softmax_block(const float s[2][4], int kb, co
     }
 }
 
+/* Block kb's values (keys [0, valid] of it exist) as B fragments, as tc_attend_block
+ * loads them. */
+template <int HD>
+__device__ __forceinline__ void load_values(const __half *__restrict__ V, const int32_t *table, int kb, int valid,
+                                            int64_t d_kv, int64_t head_off, int g, int c2, uint32_t vf[HD / 8][2]) {
+    const __half *Vb = V + (int64_t)table[kb] * TC_ROWS * d_kv + head_off;
+#pragma unroll
+    for (int j = 0; j < HD / 8; j++) load_value_frag(Vb, j, valid, d_kv, g, c2, &vf[j][0], &vf[j][1]);
+}
+
 /* Keys and values in registers ahead of their use (HD <= 128); at head size 256 the
  * registers hold neither: each is loaded where it is used. */
 __host__ __device__ constexpr bool tc_early(int hd) { return hd <= 128; }
@@ -149,18 +159,25 @@ __host__ __device__ constexpr bool tc_early(int hd) { return hd <= 128; }
  * (next < 0: none), loaded while this block's scores and softmax are computed, and
  * the values are loaded as the block starts: a block costs about one trip to memory
  * instead of two after each other. */
-template <int HD, bool P32>
+template <int HD, bool P32, bool V_IN = false>
 __device__ __forceinline__ void tc_attend_block(const __half *__restrict__ K, const __half *__restrict__ V,
                                                 const int32_t *table, int kb, int next, int valid, int64_t d_kv,
                                                 int64_t head_off, int g, int c2, const uint32_t qa[HD / 16][4],
                                                 uint32_t kf[][2][2], const int lo[2], const int pos[2], float scale,
-                                                float m[2], float l[2], float o[HD / 8][4]) {
+                                                float m[2], float l[2], float o[HD / 8][4],
+                                                const uint32_t (*v_in)[2] = nullptr) {
     constexpr bool early = tc_early(HD);
+    static_assert(early || !V_IN, "values loaded ahead need the registers of tc_early");
     const __half *Vb = V + (int64_t)table[kb] * TC_ROWS * d_kv + head_off;
     uint32_t vf[early ? HD / 8 : 1][2];
     if constexpr (early)
 #pragma unroll
-        for (int j = 0; j < HD / 8; j++) load_value_frag(Vb, j, valid, d_kv, g, c2, &vf[j][0], &vf[j][1]);
+        for (int j = 0; j < HD / 8; j++) {
+            if constexpr (V_IN) /* V_IN: this block's values, loaded by the caller (load_values) */
+                vf[j][0] = v_in[j][0], vf[j][1] = v_in[j][1];
+            else
+                load_value_frag(Vb, j, valid, d_kv, g, c2, &vf[j][0], &vf[j][1]);
+        }
     float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
     if constexpr (early) {
 #pragma unroll

@@ -693,6 +693,8 @@ extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
     cu->finish_in_attention = !(fin && strcmp(fin, "0") == 0);
     const char *dec_warps = getenv("LUMEN_CUDA_ATTN_DEC_WARPS");
     cu->attn_dec_warps = dec_warps && (atoi(dec_warps) == 4 || atoi(dec_warps) == 8) ? atoi(dec_warps) : 0;
+    const char *dec_ahead = getenv("LUMEN_CUDA_ATTN_DEC_AHEAD");
+    cu->attn_dec_ahead = !(dec_ahead && strcmp(dec_ahead, "0") == 0);
     lm_status st = LM_OK;
     int pools = 0;
     if ((e = cudaSetDevice(device)) != cudaSuccess ||

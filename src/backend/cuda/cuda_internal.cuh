@@ -112,6 +112,7 @@ typedef struct lm_cuda_backend {
     int64_t gemm_chunk; /* matmul: smallest GEMM width above both (padded)      */
     int64_t attn_dec_min_n; /* attention: tensor-core decode kernel from this many tokens */
     int attn_dec_warps;     /* attention: that kernel's warps a block, 0: by the batch (LUMEN_CUDA_ATTN_DEC_WARPS) */
+    bool attn_dec_ahead;    /* its first KV blocks loaded before the PDL wait (LUMEN_CUDA_ATTN_DEC_AHEAD=0: not) */
     bool fused;        /* fused ops on (LUMEN_CUDA_FUSED=0 turns them off)       */
     bool finish_in_attention; /* qkv_finish left to the decode attention (LUMEN_CUDA_FINISH_IN_ATTN=0: never) */
     uint64_t op_seq;   /* entry points entered so far (lm_cuda_enter)           */
