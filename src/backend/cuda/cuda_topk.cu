@@ -31,15 +31,20 @@
  * a block per slice (topk_summary) writes the slice's stat and its REC = 8 best
  * entries, ranked. The k-th largest of the slices' first m = ceil(k / slices) keys
  * (slices x m >= k entries of the row) is at most the row's k-th largest: a bound no
- * entry of the row's k best is below. A slice block then leaves the entries below the
- * bound out before its select, and usually keeps fewer than k, which skips the radix
- * passes (a vocabulary of 152k, k = 64: 38 slices of 2 keys). A slice whose REC-th
- * best is below the bound has all its entries at or above it in its summary: its
- * block takes them from there and reads no logits, which is most slices when the
- * row's best spread over the vocabulary (64 rows of 152k: the slices' kernel 35 ->
- * ? us; the bound from m = 2 best keys a slice without summaries: 0.136 -> 0.083 ms
- * a call). What each slice keeps of the row's k best, and so every output, is the
- * same.
+ * entry of the row's k best is below. Then a block per 8 slices (topk_slices_bounded):
+ * a slice whose REC-th best is below the bound has all its entries at or above it in
+ * its summary, and a warp takes them from there without reading the logits (most
+ * slices, where the row's best spread over the vocabulary); any other slice leaves
+ * the entries below the bound out before its select, and usually keeps fewer than k,
+ * which skips the radix passes. The final block ranks its row's candidates by
+ * counting when they are few (the bound leaves ~k real ones among the padding).
+ * What each slice keeps of the row's k best, and so every output, is the same.
+ * Measured on the H200 (test_topk_cuda's timing, k = 64 of 151,936 logits, with the
+ * synchronize): 1 / 64 / 256 rows 0.034 / 0.085 / 0.26 ms with a bound from each
+ * slice's 2 best keys and every slice reading its logits again, 0.027 / 0.060 / 0.156
+ * ms now. (A summary taking its 8 best in 8 rounds of a block maximum over every
+ * entry cost 53 us for 64 rows, more than the reads it saved; the threshold of warp
+ * maxima in topk_summary leaves a few candidates to rank instead.)
  *
  * Floats are compared through an order-preserving uint32 key (negatives bit-flipped,
  * positives with the sign bit set; -0 keyed as +0 since they compare equal). The
