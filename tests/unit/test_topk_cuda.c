@@ -257,7 +257,8 @@ static bool want_row_two(void *user, int64_t row) {
 /* lm_forward_topk on the GPU equals the GPU's logits reduced on the host, over
  * enough steps that the pass runs directly, is recorded and is replayed
  * (cuda_graph.cu): first without the log-sum-exp, then with it and one row's full
- * logits asked for. */
+ * logits asked for; then the first steps again on a new cache, equal to the first
+ * time. */
 static void test_forward(void) {
     char dir[] = "/tmp/lumen_topk_cuda_XXXXXX", path[256];
     if (!mkdtemp(dir)) {
@@ -283,6 +284,8 @@ static void test_forward(void) {
         int32_t ids[N * K], hids[N * K];
         float vals[N * K], hvals[N * K];
         int8_t fetched[N];
+        int32_t first_ids[LSE_FROM][N * K];
+        float first_vals[LSE_FROM][N * K];
         int lse_bad = 0;
         for (int step = 0; step < STEPS && kv1 && kv2 && logits && full; step++) {
             int32_t tok[N], pos[N], seq[N];
@@ -297,7 +300,11 @@ static void test_forward(void) {
             CHECK(lm_logits_topk_host(logits, N, nv, K, hids, hvals, hmx, hlse) == LM_OK);
             CHECK(memcmp(ids, hids, sizeof ids) == 0 && memcmp(vals, hvals, sizeof vals) == 0);
             CHECK(memcmp(mx, hmx, sizeof mx) == 0);
-            if (!with_lse) continue;
+            if (!with_lse) {
+                memcpy(first_ids[step], ids, sizeof ids);
+                memcpy(first_vals[step], vals, sizeof vals);
+                continue;
+            }
             for (int i = 0; i < N; i++) {
                 lse_bad += fabsf(lse[i] - hlse[i]) > 1e-6f * fmaxf(1.0f, fabsf(hlse[i]));
                 CHECK(fetched[i] == (i == 2));
@@ -305,6 +312,20 @@ static void test_forward(void) {
             CHECK(memcmp(full + 2 * nv, logits + 2 * nv, sizeof(float) * (size_t)nv) == 0);
         }
         CHECK(lse_bad == 0);
+        /* a new cache, likely on the freed one's buffers (then the recorded passes
+         * replay on it): the first steps again give the same candidates */
+        lm_kv_cache_free(kv1);
+        kv1 = NULL;
+        CHECK(lm_kv_cache_for_model(m, 64, N, LM_DTYPE_F16, &kv1) == LM_OK);
+        for (int step = 0; step < LSE_FROM && kv1; step++) {
+            int32_t tok[N], pos[N], seq[N];
+            int8_t want[N];
+            for (int i = 0; i < N; i++) tok[i] = (step * 7 + i * 13) % (int32_t)nv, pos[i] = step, seq[i] = i, want[i] = 1;
+            lm_batch b = {N, tok, pos, seq, want};
+            lm_topk_out out = {K, ids, vals, mx, NULL, NULL, NULL, NULL, NULL};
+            CHECK(lm_forward_topk(m, kv1, &b, &out) == LM_OK);
+            CHECK(memcmp(ids, first_ids[step], sizeof ids) == 0 && memcmp(vals, first_vals[step], sizeof vals) == 0);
+        }
         free(logits);
         free(full);
         lm_kv_cache_free(kv1);
