@@ -432,12 +432,6 @@ __global__ void __launch_bounds__(SL_THREADS, 4)
         }
 }
 
-/* A slice entry made one unique number: its key, then the lower position first
- * (i: its position in the slice; 0 past the slice's end, below every entry). */
-__device__ __forceinline__ unsigned long long entry_of(uint32_t key, int i, int len) {
-    return i < len ? ((unsigned long long)key << 32) | (uint32_t)(SLICE - i) : 0ull;
-}
-
 /* The largest of a warp's 64-bit values: the high halves' maximum, then the low
  * halves' among the lanes holding it (two warp reductions, not five shuffle steps). */
 __device__ __forceinline__ unsigned long long warp_max_u64(unsigned long long v) {
@@ -448,10 +442,11 @@ __device__ __forceinline__ unsigned long long warp_max_u64(unsigned long long v)
 
 /* One block per (slice, row) of the logits: the slice's stat (as topk_slices writes
  * it without a summary) and its REC best entries, by key, equal keys by position,
- * to rec_key / rec_id [row][slice][REC] (key 0 and id -1 past a short slice's end),
- * compared as unique numbers (entry_of). (REC rounds of a block maximum over every entry took 53 us for 64 rows
+ * to rec_key / rec_id [row][slice][REC] (key 0 and id -1 past a short slice's end).
+ * A (key, position) pair is made one unique number, larger key first, then lower
+ * position. (REC rounds of a block maximum over every entry took 53 us for 64 rows
  * of 152k on the H200; the threshold below leaves a few candidates to rank.) */
-__global__ void __launch_bounds__(SL_THREADS, 5)
+__global__ void __launch_bounds__(SL_THREADS)
     topk_summary(const float *__restrict__ logits, int64_t n, bool want_lse, uint32_t *__restrict__ rec_key,
                  int32_t *__restrict__ rec_id, slice_stat *__restrict__ stats) {
     constexpr int NW = SL_THREADS / 32;
@@ -466,16 +461,14 @@ __global__ void __launch_bounds__(SL_THREADS, 5)
     const int64_t row = blockIdx.y, start = (int64_t)slice * SLICE;
     const int len = (int)min((int64_t)SLICE, n - start);
     const float *x = logits + row * n + start;
-    /* keys held as 32 bits, each made the entry's unique number where it is compared
-     * (0 past the slice's end): 48 registers, five blocks an SM instead of four */
-    uint32_t key[SL_ITEMS];
+    unsigned long long item[SL_ITEMS];
     float mx = -INFINITY;
     int nan = INT_MAX;
 #pragma unroll
     for (int j = 0; j < SL_ITEMS; j++) {
         const int i = j * SL_THREADS + tid;
         const float v = i < len ? x[i] : -INFINITY;
-        key[j] = order_key(v);
+        item[j] = i < len ? ((unsigned long long)order_key(v) << 32) | (uint32_t)(SLICE - i) : 0ull;
         if (isnan(v))
             nan = min(nan, (int)(start + i));
         else
@@ -487,10 +480,7 @@ __global__ void __launch_bounds__(SL_THREADS, 5)
      * it; at most REC threads of a warp hold entries above it: few candidates */
     unsigned long long v = 0, warp_cut = 0;
 #pragma unroll
-    for (int j = 0; j < SL_ITEMS; j++) {
-        const unsigned long long e = entry_of(key[j], j * SL_THREADS + tid, len);
-        v = e > v ? e : v;
-    }
+    for (int j = 0; j < SL_ITEMS; j++) v = item[j] > v ? item[j] : v;
     for (int r = 0; r < REC; r++) {
         warp_cut = warp_max_u64(v);
         if (v == warp_cut) v = 0; /* entries are unique: the one lane holding it */
@@ -513,8 +503,7 @@ __global__ void __launch_bounds__(SL_THREADS, 5)
     }
 #pragma unroll
     for (int j = 0; j < SL_ITEMS; j++)
-        if (j * SL_THREADS + tid < len && entry_of(key[j], j * SL_THREADS + tid, len) >= cut)
-            s_cand[atomicAdd(&s_count, 1)] = entry_of(key[j], j * SL_THREADS + tid, len);
+        if (item[j] && item[j] >= cut) s_cand[atomicAdd(&s_count, 1)] = item[j];
     __syncthreads();
     /* each candidate ranked by counting the larger ones; the REC best recorded */
     const int count = s_count;
@@ -535,7 +524,7 @@ __global__ void __launch_bounds__(SL_THREADS, 5)
     if (want_lse && nan == INT_MAX && isfinite(mx)) {
 #pragma unroll
         for (int j = 0; j < SL_ITEMS; j++)
-            if (j * SL_THREADS + tid < len) sum += exp((double)key_value(key[j]) - (double)mx);
+            if (item[j]) sum += exp((double)key_value((uint32_t)(item[j] >> 32)) - (double)mx);
     }
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
