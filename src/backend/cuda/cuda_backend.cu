@@ -501,6 +501,9 @@ static void cuda_weight_free(lm_backend *b, lm_weight *w) {
     cudaStreamSynchronize(cu->stream);
     cudaFree(w->alloc);
     free(w);
+    /* recorded passes read weights by address: another model's passes may come to
+     * have the same key on buffers at the same addresses (cuda_graph.cu) */
+    cu->mem_gen++;
 }
 
 /* weight_pack (backend.h): the weights' rows copied side by side into one allocation
@@ -569,7 +572,8 @@ static void cuda_destroy(lm_backend *b) {
                     "(host to the launch %.3f ms", (long long)r->count, (long long)r->n, r->ms / (double)r->count,
                     r->build_ms / (double)r->count);
             if (r->n_tail)
-                fprintf(stderr, "; GPU after the graph to the candidates' copy %.3f ms", r->tail_ms / (double)r->n_tail);
+                fprintf(stderr, "; GPU after the graph to the candidates' copy %.3f ms",
+                        r->tail_ms / (double)r->n_tail);
             if (r->n_wall) fprintf(stderr, "; step %.3f ms", r->wall_ms / (double)r->n_wall);
             fprintf(stderr, ")\n");
         }

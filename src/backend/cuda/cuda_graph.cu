@@ -17,9 +17,12 @@
  * every scratch and metadata buffer grows to its size, at the padded sizes); the next
  * is captured and launched; later ones replay. Capturing and instantiating costs a
  * few passes' worth of launches, so a shape seen only a few times (the chunks of one
- * long prompt) is never recorded; decode steps repeat hundreds of times. A graph is dropped when any buffer it points at
- * moved (cu->mem_gen), e.g. when a long prefill grew the scratch. Recording never
- * changes results: the same kernels run on the same data.
+ * long prompt) is never recorded; decode steps repeat hundreds of times. A graph is
+ * dropped when any buffer it points at moved or any weight was freed (cu->mem_gen),
+ * e.g. when a long prefill grew the scratch, or a model was unloaded (the pass key
+ * names the model's buffers, not its weights: another model on the same buffers must
+ * not replay it). Recording never changes results: the same kernels run on the same
+ * data.
  *
  * A replay launches at pass_end. Launching as soon as its metadata was staged (at
  * get_rows, the pass's first call), so the GPU would run while the pass's remaining

@@ -154,7 +154,7 @@ typedef struct lm_cuda_backend {
     int64_t pass_meta_ints; /* attention metadata of the pass, padded (ints)   */
     int pass_splits;   /* attention grid splits of the pass, rounded up        */
     uint32_t pass_meta_sent; /* bit per meta kind: uploaded in this pass       */
-    uint64_t mem_gen;  /* bumped whenever a scratch or metadata buffer moves   */
+    uint64_t mem_gen;  /* bumped whenever a scratch or metadata buffer moves, or a weight goes */
     /* between pass_begin and pass_end: the pass's number (0 outside a pass); the
      * attention metadata built in it, for the pass's later layers */
     uint64_t pass_epoch, pass_count;
