@@ -79,8 +79,16 @@ static lm_cuda_graph *graph_find(lm_cuda_backend *cu, uint64_t key) {
 /* How many times this key ran directly before (0: never; counted in a ring). */
 static int runs_before(lm_cuda_backend *cu, uint64_t key) {
     for (int i = 0; i < LM_CUDA_SEEN; i++)
-        if (cu->seen[i] == key) return ++cu->seen_runs[i] - 1;
+        if (cu->seen[i] == key) {
+            if (cu->seen_gen[i] == cu->mem_gen) return ++cu->seen_runs[i] - 1;
+            /* a buffer moved or a weight went since: the runs counted sized other
+             * buffers (another model's, on the same addresses), start again */
+            cu->seen_gen[i] = cu->mem_gen;
+            cu->seen_runs[i] = 1;
+            return 0;
+        }
     cu->seen[cu->seen_next] = key;
+    cu->seen_gen[cu->seen_next] = cu->mem_gen;
     cu->seen_runs[cu->seen_next] = 1;
     cu->seen_next = (cu->seen_next + 1) % LM_CUDA_SEEN;
     return 0;

@@ -168,6 +168,7 @@ typedef struct lm_cuda_backend {
     lm_cuda_graph graphs[LM_CUDA_GRAPHS];
     uint64_t seen[LM_CUDA_SEEN]; /* keys run directly (WARM), ring           */
     int seen_runs[LM_CUDA_SEEN]; /* how many times each                      */
+    uint64_t seen_gen[LM_CUDA_SEEN]; /* mem_gen while they were counted      */
     int seen_next;
     uint64_t n_captured, n_replayed; /* printed at exit with LUMEN_CUDA_GRAPHS_LOG=1 */
     /* LUMEN_CUDA_GRAPHS_LOG=1 also times each replay: on the GPU, the graph (events
