@@ -165,7 +165,15 @@ static uint64_t pass_key(const lm_kv_cache *kv, const lm_batch *batch, const scr
         h *= 1099511628211ULL;        \
     } while (0)
     MIX(batch->n_tokens);
+    /* the cache object, and what a pass reads of it: a new cache at a freed one's
+     * address may have its buffers elsewhere */
     MIX((uintptr_t)kv);
+    MIX((uintptr_t)kv->k);
+    MIX((uintptr_t)kv->v);
+    MIX(kv->n_blocks);
+    MIX(kv->block_size);
+    MIX(kv->n_embd_kv);
+    MIX(kv->type);
     const float *bufs[] = {s->x, s->xn, s->q, s->k, s->v, s->attn, s->tmp, s->gate, s->up, s->logits};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) MIX((uintptr_t)bufs[i]);
     for (int64_t t = 0; t < batch->n_tokens; t++) MIX(batch->logits ? batch->logits[t] != 0 : t == batch->n_tokens - 1);

@@ -312,8 +312,9 @@ static void test_forward(void) {
             CHECK(memcmp(full + 2 * nv, logits + 2 * nv, sizeof(float) * (size_t)nv) == 0);
         }
         CHECK(lse_bad == 0);
-        /* a new cache (a new key: warmed, recorded and replayed again): the first
-         * steps again give the same candidates */
+        /* a new cache (its passes replay the first cache's recordings where its key
+         * is the same, else record their own): the first steps again give the same
+         * candidates */
         lm_kv_cache_free(kv1);
         kv1 = NULL;
         CHECK(lm_kv_cache_for_model(m, 64, N, LM_DTYPE_F16, &kv1) == LM_OK);
