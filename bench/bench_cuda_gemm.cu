@@ -21,21 +21,21 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CK(x)                                                                               \
-    do {                                                                                    \
-        cudaError_t e_ = (x);                                                               \
-        if (e_ != cudaSuccess) {                                                            \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(1);                                                                        \
-        }                                                                                   \
+/* A failed CUDA or cuBLAS call ends the benchmark, naming the call. */
+static void check(bool ok, const char *file, int line, const char *call, const char *why) {
+    if (ok) return;
+    fprintf(stderr, "%s:%d %s: %s\n", file, line, call, why);
+    exit(1);
+}
+#define CK(x)                                                                           \
+    do {                                                                                \
+        cudaError_t e_ = (x);                                                           \
+        check(e_ == cudaSuccess, __FILE__, __LINE__, #x, cudaGetErrorString(e_));       \
     } while (0)
-#define CB(x)                                                                                    \
-    do {                                                                                         \
-        cublasStatus_t s_ = (x);                                                                 \
-        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                       \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cublasGetStatusString(s_)); \
-            exit(1);                                                                             \
-        }                                                                                        \
+#define CB(x)                                                                           \
+    do {                                                                                \
+        cublasStatus_t s_ = (x);                                                        \
+        check(s_ == CUBLAS_STATUS_SUCCESS, __FILE__, __LINE__, #x, cublasGetStatusString(s_)); \
     } while (0)
 
 __global__ void fill_kernel(__nv_bfloat16 *p, size_t n, unsigned seed) {
