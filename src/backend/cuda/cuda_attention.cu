@@ -30,6 +30,8 @@
  * With an F16 cache the query is rounded to f16 like the keys, as the CPU reference
  * does; the softmax weights are not rounded to f16 (the reference rounds them; the
  * difference is within f16 rounding, ~1e-4 relative). Everything else is f32. */
+#include <string.h>
+
 #include "backend/cuda/cuda_attention_split.cuh"
 
 enum {
@@ -267,12 +269,28 @@ __global__ void __launch_bounds__(ATT_THREADS)
     merge_if_last<DPL, ATT_WARPS>(part, out, outb, counts, item, t, n_head, h0, nh, hd, n_split, max_splits, &last_sh);
 }
 
-/* No token continues the one before it in its sequence: a batch of decode steps, not
- * one holding a prompt's chunk (which the engine's batches of prefill and decode
- * mixed do: those keep the scalar kernel, as a prompt decoded alone does). */
-static bool decode_batch(const lm_attn_batch *batch) {
-    for (int64_t t = 1; t < batch->n_tokens; t++)
-        if (batch->seq[t] == batch->seq[t - 1] && batch->pos[t] == batch->pos[t - 1] + 1) return false;
+/* Each sequence once: a batch of decode steps, not one holding a prompt's chunk
+ * (which the engine's batches of prefill and decode mixed do: those keep the scalar
+ * kernel, as a prompt decoded alone does). The decode kernel relies on it: its fused
+ * qkv_finish writes each token's own slot while the other blocks read theirs, and its
+ * early loads read the slots before the position as written by earlier steps; two
+ * tokens of one sequence (a prompt interleaved with another) would race. */
+static bool decode_batch(lm_cuda_backend *cu, const lm_attn_batch *batch, int64_t n_seqs) {
+    if (n_seqs > cu->dec_seen_cap) {
+        uint32_t *p = (uint32_t *)realloc(cu->dec_seen, (size_t)n_seqs * sizeof *p);
+        if (!p) return false;
+        memset(p + cu->dec_seen_cap, 0, (size_t)(n_seqs - cu->dec_seen_cap) * sizeof *p);
+        cu->dec_seen = p, cu->dec_seen_cap = n_seqs;
+    }
+    if (++cu->dec_seen_stamp == 0) { /* wrapped: clear the old stamps */
+        memset(cu->dec_seen, 0, (size_t)cu->dec_seen_cap * sizeof *cu->dec_seen);
+        cu->dec_seen_stamp = 1;
+    }
+    for (int64_t t = 0; t < batch->n_tokens; t++) {
+        const int32_t sq = batch->seq[t];
+        if (sq < 0 || sq >= n_seqs || cu->dec_seen[sq] == cu->dec_seen_stamp) return false;
+        cu->dec_seen[sq] = cu->dec_seen_stamp;
+    }
     return true;
 }
 
@@ -367,7 +385,8 @@ extern "C" lm_status lm_cuda_attention(lm_backend *b, const lm_kv_cache *kv, int
      * steps do not */
     const bool dec = batch->n_tokens >= cu->attn_dec_min_n && kv->backend == b && n_head_kv > 0 &&
                      n_head % n_head_kv == 0 && n_head_kv * head_dim == kv->n_embd_kv &&
-                     lm_cuda_attention_dec_supports(kv, n_head, n_head_kv, head_dim) && decode_batch(batch);
+                     lm_cuda_attention_dec_supports(kv, n_head, n_head_kv, head_dim) &&
+                     decode_batch(cu, batch, kv->n_seqs);
     /* that kernel runs a qkv_finish left pending before it in its blocks: taken before
      * entering (which would run it), put back if the call ends before its launch */
     lm_cuda_finish fin;

@@ -587,6 +587,7 @@ static void cuda_destroy(lm_backend *b) {
     if (cu->stream) cudaStreamDestroy(cu->stream);
     free(cu->attn_host);
     free(cu->seq_off);
+    free(cu->dec_seen);
     free(cu->tc_tiles);
     free(cu);
 }

@@ -143,6 +143,9 @@ typedef struct lm_cuda_backend {
     int32_t *seq_off;  /* per sequence id: its table's offset in attn_host (-1) */
     int64_t seq_off_cap;
     void *cublas_ws;   /* cuBLAS's workspace: no allocation inside a capture   */
+    uint32_t *dec_seen;  /* attention: per sequence, the stamp of the last batch it was in */
+    int64_t dec_seen_cap;
+    uint32_t dec_seen_stamp;
     int32_t *tc_tiles; /* tensor-core attention: [first token, count] per tile */
     int64_t tc_tiles_cap;
     /* forward passes recorded as CUDA graphs (cuda_graph.cu) */
