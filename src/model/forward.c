@@ -165,9 +165,9 @@ static uint64_t pass_key(const lm_kv_cache *kv, const lm_batch *batch, const scr
         h *= 1099511628211ULL;        \
     } while (0)
     MIX(batch->n_tokens);
-    /* the cache object, and what a pass reads of it: a new cache at a freed one's
-     * address may have its buffers elsewhere */
-    MIX((uintptr_t)kv);
+    /* what a pass reads of the cache (its device buffers and layout), not the cache
+     * object: a new cache on the same buffers replays the same graphs. Buffers at a
+     * freed model's addresses are safe: freeing drops every recording (cuda_graph.cu) */
     MIX((uintptr_t)kv->k);
     MIX((uintptr_t)kv->v);
     MIX(kv->n_blocks);
