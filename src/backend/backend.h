@@ -37,6 +37,24 @@ typedef struct lm_qkv_finish {
     lm_rope_mode mode;
 } lm_qkv_finish;
 
+/* One layer's weights, for decode_step (the model's lm_layer_weights, seen from below). */
+typedef struct lm_decode_layer {
+    const lm_weight *wq, *wk, *wv, *wo, *w_gate, *w_up, *w_down;
+    const float *attn_norm, *ffn_norm;
+    const float *bq, *bk, *bv; /* NULL: no biases */
+} lm_decode_layer;
+
+/* The most layers a decode_step model has (the forward pass passes them on the stack). */
+#define LM_DECODE_MAX_LAYERS 256
+
+/* What decode_step runs: the model's shapes and every weight of its forward pass. */
+typedef struct lm_decode_model {
+    const lm_hparams *hp;
+    const lm_weight *tok_embd, *output;
+    const float *output_norm;
+    const lm_decode_layer *layers; /* [hp->n_layer] */
+} lm_decode_model;
+
 typedef struct lm_backend_ops {
     const char *name;
     void (*destroy)(lm_backend *b);
@@ -150,6 +168,19 @@ typedef struct lm_backend_ops {
      * it. No upload or download inside a pass. If pass_end fails, the pass's
      * outputs are undefined: run it again with key 0. */
     lm_status (*pass_begin)(lm_backend *b, uint64_t key, const struct lm_kv_cache *kv, const lm_attn_batch *batch);
+    /* (pass_end below) */
+
+    /* Optional (NULL: op by op). The whole forward pass of a batch of one token whose
+     * logits are wanted, from its id (tokens, host memory) to logits [n_vocab], in one
+     * call: the CUDA backend runs it as one kernel. x [n_embd] is working memory (the
+     * residual stream). The token's keys and values go to the cache as kv_store puts
+     * them. Results equal the op-by-op pass's within rounding (products summed in
+     * another order), not to the bit. LM_ERR_UNSUPPORTED, with no error message and
+     * nothing done, where the backend does not serve this model, cache or batch: the
+     * caller then runs the ops one by one. Inside a pass_begin/pass_end bracket like
+     * any op. */
+    lm_status (*decode_step)(lm_backend *b, const lm_decode_model *m, struct lm_kv_cache *kv,
+                             const lm_attn_batch *batch, const int32_t *tokens, float *x, float *logits);
     lm_status (*pass_end)(lm_backend *b);
 
     /* Optional (NULL: the forward pass downloads the logits and runs

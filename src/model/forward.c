@@ -181,6 +181,27 @@ static uint64_t pass_key(const lm_kv_cache *kv, const lm_batch *batch, const scr
     return h ? h : 1;
 }
 
+void lm_decode_model_of(const lm_model_internal *m, lm_decode_layer *layers, lm_decode_model *out) {
+    for (int64_t il = 0; il < m->hp.n_layer; il++) {
+        const lm_layer_weights *w = &m->layers[il];
+        layers[il] = (lm_decode_layer){w->wq,        w->wk,        w->wv, w->wo, w->w_gate, w->w_up, w->w_down,
+                                       w->attn_norm, w->ffn_norm, w->bq, w->bk, w->bv};
+    }
+    *out = (lm_decode_model){&m->hp, m->tok_embd, m->output, m->output_norm, layers};
+}
+
+/* A batch of one token whose logits are wanted, by the backend's decode_step (one
+ * kernel on the GPU); LM_ERR_UNSUPPORTED where the backend does not serve the model. */
+static lm_status forward_decode_step(const lm_model_internal *m, lm_kv_cache *kv, const lm_batch *batch,
+                                     const scratch *s) {
+    lm_decode_layer layers[LM_DECODE_MAX_LAYERS];
+    if (m->hp.n_layer > LM_DECODE_MAX_LAYERS) return LM_ERR_UNSUPPORTED;
+    lm_decode_model dm;
+    lm_decode_model_of(m, layers, &dm);
+    lm_attn_batch ab = {batch->n_tokens, batch->pos, batch->seq};
+    return m->backend->ops->decode_step(m->backend, &dm, kv, &ab, batch->tokens, s->x, s->logits);
+}
+
 /* Everything from the embeddings to the logits in backend memory (s->logits). */
 static lm_status forward_body(const lm_model_internal *m, lm_kv_cache *kv, const lm_batch *batch, const scratch *sp,
                               int64_t n_out) {
@@ -196,6 +217,10 @@ static lm_status forward_body(const lm_model_internal *m, lm_kv_cache *kv, const
         if ((st = (call))) return st; \
     } while (0)
     lm_attn_batch ab = {n, batch->pos, batch->seq};
+    if (n == 1 && n_out == 1 && op->decode_step) {
+        st = forward_decode_step(m, kv, batch, sp);
+        if (st != LM_ERR_UNSUPPORTED) return st;
+    }
 
     op->get_rows(b, m->tok_embd, batch->tokens, n, s.x);
     if (hp->embd_scale != 1.0f) op->scale(b, s.x, hp->embd_scale, n * d);

@@ -46,6 +46,10 @@ typedef struct lm_topk_out {
  * whole, before the pass's buffers are let go. */
 lm_status lm_forward_topk(const lm_model_internal *m, lm_kv_cache *kv, const lm_batch *batch, const lm_topk_out *out);
 
+/* The model as a backend's decode_step sees it (backend.h): layers [hp.n_layer], at
+ * most LM_DECODE_MAX_LAYERS, is filled and pointed at. */
+void lm_decode_model_of(const lm_model_internal *m, lm_decode_layer *layers, lm_decode_model *out);
+
 /* The activation buffers a model keeps between forward passes (stable addresses
  * let a backend replay a recorded pass); created with the model. */
 typedef struct lm_forward_state lm_forward_state;

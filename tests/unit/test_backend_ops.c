@@ -1058,6 +1058,91 @@ static void test_models(void) {
     (void)tiny_write_hf;
 }
 
+/* ---- the one-kernel decode step ---------------------------------------------- */
+enum { DS_STEPS = 100 }; /* past 32 positions: the attention runs in several splits */
+
+/* Sequence 0 decoded one token at a time; out [DS_STEPS][n_vocab]. The first step
+ * calls the backend's decode_step op itself (it must serve the model: LM_OK), the
+ * others go through lm_forward (direct, then recorded and replayed passes). */
+static void run_decode_steps(lm_model_internal *m, bool call_op, float *out) {
+    lm_backend *b = m->backend;
+    const int64_t V = m->hp.n_vocab;
+    lm_kv_cache *kv = NULL;
+    CHECK(lm_kv_cache_for_model(m, DS_STEPS + 16, 1, LM_DTYPE_F16, &kv) == LM_OK);
+    for (int i = 0; i < DS_STEPS; i++) {
+        int32_t tok = (int32_t)((i * 37 + 5) % V), p = i, s = 0;
+        if (i == 0 && call_op) {
+            static lm_decode_layer layers[LM_DECODE_MAX_LAYERS];
+            lm_decode_model dm;
+            lm_decode_model_of(m, layers, &dm);
+            CHECK(lm_kv_cache_reserve(kv, 0, 1) == LM_OK);
+            float *x = b->ops->alloc(b, (size_t)m->hp.n_embd * sizeof(float));
+            float *logits = b->ops->alloc(b, (size_t)V * sizeof(float));
+            lm_attn_batch ab = {1, &p, &s};
+            lm_status st = b->ops->decode_step(b, &dm, kv, &ab, &tok, x, logits);
+            if (st) fprintf(stderr, "decode_step: %d %s\n", (int)st, st == LM_ERR_UNSUPPORTED ? "unsupported" : lm_last_error());
+            CHECK(st == LM_OK);
+            b->ops->download(b, out, logits, (size_t)V * sizeof(float));
+            b->ops->free(b, x), b->ops->free(b, logits);
+            continue;
+        }
+        lm_batch batch = {1, &tok, &p, &s, NULL};
+        lm_status st = lm_forward(m, kv, &batch, out + (int64_t)i * V);
+        if (st) fprintf(stderr, "forward: %s\n", lm_last_error());
+        CHECK(st == LM_OK);
+    }
+    lm_kv_cache_free(kv);
+}
+
+/* decode_step (on a backend with it turned on) against the same steps op by op on the
+ * GPU (exact f32 products: the sums' order alone differs) and against the CPU
+ * reference. */
+static void test_decode_step(lm_arch arch, int head_dim, lm_dtype type) {
+    if (!g_gpu->ops->decode_step) {
+        printf("  %-10s SKIPPED: this backend has no decode_step\n", "decode");
+        return;
+    }
+    setenv("LUMEN_CUDA_DECODE_STEP", "1", 1);
+    lm_backend *stepper = NULL;
+    CHECK(create_gpu(&stepper) == LM_OK);
+    unsetenv("LUMEN_CUDA_DECODE_STEP");
+    if (!stepper) return;
+    tiny_spec s = tiny_default(arch);
+    s.matrix_type = type, s.n_embd = 256, s.head_dim = head_dim, s.n_ff = 512, s.n_vocab = 1000;
+    s.n_head = arch == LM_ARCH_QWEN2 ? 6 : 4, s.n_head_kv = 2;
+    tiny_model tm;
+    tiny_build(&tm, s);
+    char path[512];
+    snprintf(path, sizeof path, "%s/decode-%s-%s.gguf", g_dir, lm_arch_name(arch), lm_dtype_name(type));
+    CHECK(tiny_write_gguf(&tm, path, NULL) == LM_OK);
+    tiny_free(&tm);
+    lm_model_internal *mg = load_model(stepper, path), *mo = load_model(g_gpu, path);
+    lm_model_internal *mc = load_model(g_cpu, path);
+    if (mg && mo && mc) {
+        const int64_t V = mg->hp.n_vocab, n = DS_STEPS * V;
+        float *step = fmalloc(n), *ref = fmalloc(n), *cpu = fmalloc(n);
+        run_decode_steps(mg, true, step);
+        run_decode_steps(mo, false, ref);
+        run_decode_steps(mc, false, cpu);
+        int agree = 0;
+        for (int i = 0; i < DS_STEPS; i++) agree += argmax_row(step + i * V, V) == argmax_row(ref + i * V, V);
+        char what[96];
+        snprintf(what, sizeof what, "%-6s %-4s hd %d: top-1 %d/%d vs op by op", lm_arch_name(arch),
+                 lm_dtype_name(type), head_dim, agree, DS_STEPS);
+        report("decode", what, nerr(step, ref, n), 1e-4);
+        snprintf(what, sizeof what, "%-6s %-4s hd %d vs CPU (op by op %.1e)", lm_arch_name(arch), lm_dtype_name(type),
+                 head_dim, nerr(ref, cpu, n));
+        report("decode", what, nerr(step, cpu, n), fmax(2.0 * nerr(ref, cpu, n), 1e-4));
+        CHECK(agree >= DS_STEPS - 2); /* a near tie may go either way */
+        free(step), free(ref), free(cpu);
+    }
+    if (mg) lm_model_internal_free(mg);
+    if (mo) lm_model_internal_free(mo);
+    if (mc) lm_model_internal_free(mc);
+    lm_backend_free(stepper);
+    unlink(path);
+}
+
 int main(void) {
     lm_status st = create_gpu(&g_gpu);
     if (st == LM_ERR_UNSUPPORTED) {
@@ -1102,6 +1187,8 @@ int main(void) {
     test_attention();
     test_qkv_attention_fused();
     test_models();
+    test_decode_step(LM_ARCH_QWEN2, 128, LM_DTYPE_BF16);
+    test_decode_step(LM_ARCH_LLAMA, 64, LM_DTYPE_F16);
     printf("%d comparisons, %d over tolerance\n", g_n_checks, g_n_bad);
     lm_backend_free(g_gpu);
     lm_backend_free(g_gpu_direct);

@@ -580,6 +580,7 @@ static void cuda_destroy(lm_backend *b) {
         for (int i = 0; i < 3; i++)
             if (cu->replay_ev[i]) cudaEventDestroy(cu->replay_ev[i]);
     }
+    lm_cuda_decode_profile_print(cu);
     lm_cuda_graphs_free(cu);
     if (cu->cublas) cublasDestroy(cu->cublas);
     if (cu->cublaslt) cublasLtDestroy(cu->cublaslt);
@@ -630,6 +631,7 @@ static void init_ops(lm_backend_ops *o, bool fused) {
     o->pass_begin = lm_cuda_pass_begin;
     o->pass_end = lm_cuda_pass_end;
     o->logits_topk = lm_cuda_logits_topk;
+    o->decode_step = lm_cuda_decode_step;
 }
 
 extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
@@ -700,6 +702,9 @@ extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
     cu->attn_dec_warps = dec_warps && (atoi(dec_warps) == 4 || atoi(dec_warps) == 8) ? atoi(dec_warps) : 0;
     const char *dec_ahead = getenv("LUMEN_CUDA_ATTN_DEC_AHEAD");
     cu->attn_dec_ahead = !(dec_ahead && strcmp(dec_ahead, "0") == 0);
+    const char *step = getenv("LUMEN_CUDA_DECODE_STEP"); /* 1: one-token passes as one kernel */
+    cu->decode_step_on = step && strcmp(step, "1") == 0;
+    cu->smem_optin = (int)prop.sharedMemPerBlockOptin;
     lm_status st = LM_OK;
     int pools = 0;
     if ((e = cudaSetDevice(device)) != cudaSuccess ||

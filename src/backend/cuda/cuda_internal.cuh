@@ -38,8 +38,9 @@ enum lm_cuda_scratch_slot {
     LM_CUDA_SCR_ATTN,  /* attention: split partials                            */
     LM_CUDA_SCR_COPY,  /* copy: staging for overlapping ranges                 */
     LM_CUDA_SCR_TOPK,  /* logits_topk: the candidates before their copy home    */
-    LM_CUDA_SCR_COUNTS, /* attention: split counters (zeroed when allocated; the */
-                        /* kernels leave them at zero)                           */
+    LM_CUDA_SCR_COUNTS, /* attention: split counters; decode_step: its barrier's */
+                        /* (zeroed when allocated; the kernels leave them at zero) */
+    LM_CUDA_SCR_DECODE, /* decode_step: Q/K/V, the FFN's hidden row, attention splits */
     LM_CUDA_SCR_COUNT
 };
 
@@ -113,6 +114,11 @@ typedef struct lm_cuda_backend {
     int64_t attn_dec_min_n; /* attention: tensor-core decode kernel from this many tokens */
     int attn_dec_warps;     /* attention: that kernel's warps a block, 0: by the batch (LUMEN_CUDA_ATTN_DEC_WARPS) */
     bool attn_dec_ahead;    /* its first KV blocks loaded before the PDL wait (LUMEN_CUDA_ATTN_DEC_AHEAD=0: not) */
+    bool decode_step_on;    /* one-token passes as one kernel (LUMEN_CUDA_DECODE_STEP=1; off: op by op) */
+    int smem_optin;         /* shared memory a block may ask for (bytes)            */
+    size_t decode_smem_set[2]; /* decode_step kernels' shared memory as last set    */
+    uint64_t *decode_prof;  /* LUMEN_CUDA_DECODE_PROFILE: decode_step's stage clocks (cuda_decode_step.cu) */
+    int decode_prof_layers;
     bool fused;        /* fused ops on (LUMEN_CUDA_FUSED=0 turns them off)       */
     bool finish_in_attention; /* qkv_finish left to the decode attention (LUMEN_CUDA_FINISH_IN_ATTN=0: never) */
     uint64_t op_seq;   /* entry points entered so far (lm_cuda_enter)           */
@@ -469,6 +475,9 @@ void lm_cuda_finish_put_back(lm_cuda_backend *cu, const lm_cuda_finish *f);
 void lm_cuda_finish_flush(lm_cuda_backend *cu);
 /* qkv_finish's kernel on a (taken) finish's arguments. */
 void lm_cuda_finish_run(lm_cuda_backend *cu, const qf_args &a, const int32_t *meta, bool f16);
+void lm_cuda_decode_profile_print(lm_cuda_backend *cu);
+lm_status lm_cuda_decode_step(lm_backend *b, const lm_decode_model *m, struct lm_kv_cache *kv,
+                              const lm_attn_batch *batch, const int32_t *tokens, float *x, float *logits);
 lm_status lm_cuda_pass_begin(lm_backend *b, uint64_t key, const struct lm_kv_cache *kv, const lm_attn_batch *batch);
 lm_status lm_cuda_pass_end(lm_backend *b);
 void lm_cuda_graphs_free(lm_cuda_backend *cu);
