@@ -264,19 +264,9 @@ __device__ __forceinline__ float ds_dot(const uint4 *row, const float *xs, int c
     return s;
 }
 
-/* Sum over the consumer threads (double; `part` holds DS_WARPS doubles). */
-__device__ __forceinline__ double ds_block_sum(double s, double *part) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-    if (lane == 0) part[warp] = s;
-    ds_sync_consumers();
-    double t = 0.0;
-#pragma unroll
-    for (int i = 0; i < DS_WARPS; i++) t += part[i];
-    ds_sync_consumers();
-    return t;
-}
+struct ds_sync {
+    __device__ __forceinline__ void operator()() const { ds_sync_consumers(); }
+};
 
 /* xs (product layout) = x / rms(x) * w; x is read from global memory (written by
  * other blocks before the last barrier), or given in xv already (the embedding). */
@@ -288,7 +278,7 @@ __device__ void ds_norm_input(const ds_args &a, const float *xg, float *xv, cons
         xv[e] = v;
         s += (double)v * (double)v;
     }
-    const double total = ds_block_sum(s, part);
+    const double total = lm_cuda_block_total<32 * DS_WARPS>(s, part, ds_sync());
     const float inv = (float)(1.0 / sqrt(total / (double)a.d + (double)a.eps));
     for (int e = threadIdx.x; e < a.d; e += T) ds_put(xs, a.d, e, __fmul_rn(__fmul_rn(xv[e], inv), w[e]));
     ds_sync_consumers();

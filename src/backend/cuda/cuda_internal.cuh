@@ -305,20 +305,26 @@ const void *lm_cuda_meta_upload(lm_cuda_backend *cu, int kind, const void *host,
  * [pos: n][table offset: n][block tables of the batch's sequences]. */
 const int32_t *lm_cuda_attn_meta(lm_cuda_backend *cu, const lm_kv_cache *kv, const lm_attn_batch *batch);
 
+/* The whole block's barrier (lm_cuda_block_total's default). */
+struct lm_cuda_sync_block {
+    __device__ __forceinline__ void operator()() const { __syncthreads(); }
+};
+
 /* The sum over the block of every thread's `sum`, in a fixed order (the warp's
  * butterfly, then the warps in index order); `part` is shared memory for THREADS / 32
- * doubles. */
-template <int THREADS>
-__device__ __forceinline__ double lm_cuda_block_total(double sum, double *part) {
+ * doubles. THREADS are the block's first threads; `sync` is their barrier (a named
+ * barrier where other warps of the block do not take part). */
+template <int THREADS, typename SYNC = lm_cuda_sync_block>
+__device__ __forceinline__ double lm_cuda_block_total(double sum, double *part, SYNC sync = SYNC()) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
     if (lane == 0) part[warp] = sum;
-    __syncthreads();
+    sync();
     double total = 0.0;
 #pragma unroll
     for (int i = 0; i < THREADS / 32; i++) total += part[i];
-    __syncthreads(); /* part may be reused right away */
+    sync(); /* part may be reused right away */
     return total;
 }
 
