@@ -9,9 +9,9 @@
  * consumer warps. The producer streams the block's share of every matrix of the step
  * (a contiguous run of rows per matrix, in the order the step uses them) into a ring
  * of shared-memory slots with bulk async copies (cp.async.bulk, completion counted
- * on an mbarrier per slot). Weights depend on nothing the step computes, so the
- * stream runs ahead across the stages' grid-wide barriers and the memory never
- * waits for the arithmetic. The consumers:
+ * on an mbarrier per slot); another of its lanes requests the next chunks into L2.
+ * Weights depend on nothing the step computes, so the stream runs ahead across the
+ * stages' grid-wide barriers, as far as the ring lets it. The consumers:
  *   per layer: the attention norm (every block normalizes the whole row itself) and
  *   its share of the Q/K/V rows | barrier | attention, a unit per (KV head, split of
  *   the positions) with the biases and RoPE of its heads done in place | barrier |
@@ -35,8 +35,9 @@
  * before them (the norms, Q/K/V's few rows, attention, the merge, the barriers) add
  * up to ~37 us of latency against ~25 us of its weights' bytes, and the ring holds
  * only ~6 us of the stream. Without the dot products the gate/up and down stages
- * take 13 and 8 us instead of 17 and 15: the consumers' shared-memory reads are on the
- * stream's critical path too. */
+ * took 13 and 8 us instead of 19 and 13 (the same build): the consumers'
+ * shared-memory reads are on the stream's critical path too (docs/BENCHMARKS.md,
+ * ninth session). */
 #include "backend/cuda/cuda_internal.cuh"
 
 enum {
