@@ -9,8 +9,10 @@
 #   - block 0's time in each stage of a step (LUMEN_CUDA_DECODE_PROFILE=1), once per
 #     setting in LUMEN_DS_VARIANTS (default: the kernel's defaults only; e.g.
 #     "X=0 LUMEN_CUDA_DECODE_L2_AHEAD=0" adds a run with that variable set);
-#   - batch-1 decode with the kernel and op by op, side by side (3 repetitions).
-# Logs go to $OUT (ops.log, profile-*.log).
+#   - batch-1 decode with the kernel and op by op, side by side (3 repetitions);
+#   - with LUMEN_DS_STREAM=1 first, bench/bench_cuda_stream.cu (the weight stream alone:
+#     chunk sizes, slots, consumers' reads, L2 requests ahead).
+# Logs go to $OUT (ops.log, profile-*.log, stream.log).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${OUT:-$ROOT/cuda-run-out}"
@@ -19,6 +21,12 @@ mkdir -p "$OUT" "$BUILD"
 . "$ROOT/bench/cuda_env.sh"
 lumen_cuda_env || exit 2
 lumen_cuda_build lumen_cli bench_make_model test_backend_ops || exit 2
+if [ "${LUMEN_DS_STREAM:-0}" = 1 ]; then
+  "$NVCC" -O2 -arch=sm_90a -o "$BUILD/bench_cuda_stream" "$ROOT/bench/bench_cuda_stream.cu" &&
+    "$BUILD/bench_cuda_stream" > "$OUT/stream.log" 2>&1
+  echo "bench_cuda_stream: status $?"
+  cat "$OUT/stream.log"
+fi
 (cd "$ROOT" && LUMEN_TEST_OPS_QUICK=1 timeout 200 "$BUILD/tests/test_backend_ops") > "$OUT/ops.log" 2>&1
 echo "op tests: status $?"
 grep -E "^  decode|FAIL|comparisons" "$OUT/ops.log"
