@@ -168,7 +168,7 @@ typedef struct lm_backend_ops {
      * it. No upload or download inside a pass. If pass_end fails, the pass's
      * outputs are undefined: run it again with key 0. */
     lm_status (*pass_begin)(lm_backend *b, uint64_t key, const struct lm_kv_cache *kv, const lm_attn_batch *batch);
-    /* (pass_end below) */
+    lm_status (*pass_end)(lm_backend *b);
 
     /* Optional (NULL: op by op). The whole forward pass of a batch of one token whose
      * logits are wanted, from its id (tokens, host memory) to logits [n_vocab], in one
@@ -181,7 +181,6 @@ typedef struct lm_backend_ops {
      * any op. */
     lm_status (*decode_step)(lm_backend *b, const lm_decode_model *m, struct lm_kv_cache *kv,
                              const lm_attn_batch *batch, const int32_t *tokens, float *x, float *logits);
-    lm_status (*pass_end)(lm_backend *b);
 
     /* Optional (NULL: the forward pass downloads the logits and runs
      * lm_logits_topk_host). Reduces each row of logits [n_rows][n_vocab] (backend
