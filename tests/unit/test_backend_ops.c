@@ -1098,15 +1098,16 @@ static void run_decode_steps(lm_model_internal *m, bool call_op, float *out) {
  * GPU (exact f32 products: the sums' order alone differs) and against the CPU
  * reference. */
 static void test_decode_step(lm_arch arch, int head_dim, lm_dtype type) {
-    if (!g_gpu->ops->decode_step) {
-        printf("  %-10s SKIPPED: this backend has no decode_step\n", "decode");
-        return;
-    }
     setenv("LUMEN_CUDA_DECODE_STEP", "1", 1);
     lm_backend *stepper = NULL;
     CHECK(create_gpu(&stepper) == LM_OK);
     unsetenv("LUMEN_CUDA_DECODE_STEP");
     if (!stepper) return;
+    if (!stepper->ops->decode_step) {
+        printf("  %-10s SKIPPED: this backend has no decode_step\n", "decode");
+        lm_backend_free(stepper);
+        return;
+    }
     tiny_spec s = tiny_default(arch);
     s.matrix_type = type, s.n_embd = 256, s.head_dim = head_dim, s.n_ff = 512, s.n_vocab = 1000;
     s.n_head = arch == LM_ARCH_QWEN2 ? 6 : 4, s.n_head_kv = 2;

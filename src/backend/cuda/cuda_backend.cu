@@ -631,7 +631,10 @@ static void init_ops(lm_backend_ops *o, bool fused) {
     o->pass_begin = lm_cuda_pass_begin;
     o->pass_end = lm_cuda_pass_end;
     o->logits_topk = lm_cuda_logits_topk;
-    o->decode_step = lm_cuda_decode_step;
+    /* LUMEN_CUDA_DECODE_STEP=1: one-token passes as one persistent kernel (not yet
+     * faster than op by op: off by default, and the forward pass then never asks) */
+    const char *step = getenv("LUMEN_CUDA_DECODE_STEP");
+    o->decode_step = step && strcmp(step, "1") == 0 ? lm_cuda_decode_step : NULL;
 }
 
 extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
@@ -702,8 +705,6 @@ extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
     cu->attn_dec_warps = dec_warps && (atoi(dec_warps) == 4 || atoi(dec_warps) == 8) ? atoi(dec_warps) : 0;
     const char *dec_ahead = getenv("LUMEN_CUDA_ATTN_DEC_AHEAD");
     cu->attn_dec_ahead = !(dec_ahead && strcmp(dec_ahead, "0") == 0);
-    const char *step = getenv("LUMEN_CUDA_DECODE_STEP"); /* 1: one-token passes as one kernel */
-    cu->decode_step_on = step && strcmp(step, "1") == 0;
     cu->smem_optin = (int)prop.sharedMemPerBlockOptin;
     lm_status st = LM_OK;
     int pools = 0;

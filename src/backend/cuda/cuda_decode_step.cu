@@ -780,7 +780,7 @@ static bool ds_supported(const lm_cuda_backend *cu, const lm_decode_model *m, co
                          lm_backend *b) {
     const lm_hparams *hp = m->hp;
     const int64_t hd = hp->head_dim, q_dim = hp->n_head * hd, kv_dim = hp->n_head_kv * hd, d = hp->n_embd;
-    if (!cu->decode_step_on || cu->n_sm < 1 || hp->n_layer < 1 || hp->n_layer > DS_MAX_LAYERS) return false;
+    if (cu->n_sm < 1 || hp->n_layer < 1 || hp->n_layer > DS_MAX_LAYERS) return false;
     if (hp->has_qk_norm || hp->has_post_norms || hp->ffn_gelu || hp->sliding_window > 0) return false;
     if ((hd != 64 && hd != 128) || hp->n_head_kv < 1 || hp->n_head % hp->n_head_kv != 0 ||
         hp->n_head / hp->n_head_kv > DS_MAX_GROUP || hp->n_head_kv > cu->n_sm || hp->n_rot > hd ||
