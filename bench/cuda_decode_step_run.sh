@@ -9,7 +9,9 @@
 #   - block 0's time in each stage of a step (LUMEN_CUDA_DECODE_PROFILE=1), once per
 #     setting in LUMEN_DS_VARIANTS (default: the kernel's defaults only; e.g.
 #     "X=0 LUMEN_CUDA_DECODE_L2_AHEAD=0" adds a run with that variable set);
-#   - batch-1 decode with the kernel and op by op, side by side (3 repetitions);
+#   - batch-1 decode with the kernel and op by op, side by side (3 repetitions), on the
+#     bf16 folder and the Q4_K_M-like GGUF (op by op both times where the kernel does not
+#     serve the model's formats);
 #   - with LUMEN_DS_STREAM=1 first, bench/bench_cuda_stream.cu (the weight stream alone:
 #     chunk sizes, slots, consumers' reads, L2 requests ahead).
 # Logs go to $OUT (ops.log, profile-*.log, stream.log).
@@ -39,8 +41,10 @@ for v in ${LUMEN_DS_VARIANTS:-X=0}; do
   grep -E "decode_step profile: (wait|head|waits|layer [0-9]+'s)" "$OUT/profile-${v%%=*}-${v#*=}.log" |
     sed 's/decode_step profile: //'
 done
-for on in 1 0; do
-  echo "=== LUMEN_CUDA_DECODE_STEP=$on"
-  LUMEN_CUDA_DECODE_STEP=$on timeout 100 "$BUILD/lumen" bench "$HF" "${step_args[@]}" -n 128 -r 3 2>&1 |
-    grep -E "^ +1 "
+for model in "$HF" "$GGUF"; do
+  for on in 1 0; do
+    echo "=== $(basename "$model"), LUMEN_CUDA_DECODE_STEP=$on"
+    LUMEN_CUDA_DECODE_STEP=$on timeout 100 "$BUILD/lumen" bench "$model" "${step_args[@]}" -n 128 -r 3 2>&1 |
+      grep -E "^ +1 "
+  done
 done
