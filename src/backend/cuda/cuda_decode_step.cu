@@ -829,7 +829,10 @@ extern "C" lm_status lm_cuda_decode_step(lm_backend *b, const lm_decode_model *m
     float *scr = (float *)lm_cuda_scratch(cu, LM_CUDA_SCR_DECODE, (qkv_n + h_n + part_n) * sizeof(float));
     unsigned *sync = (unsigned *)lm_cuda_scratch(cu, LM_CUDA_SCR_COUNTS, 2 * sizeof(unsigned));
     if (!cu->decode_prof && getenv("LUMEN_CUDA_DECODE_PROFILE") && cu->pass_mode != LM_CUDA_PASS_CAPTURE)
-        cudaMalloc(&cu->decode_prof, DS_PROF_N * sizeof(uint64_t));
+        if (cudaMalloc(&cu->decode_prof, DS_PROF_N * sizeof(uint64_t)) != cudaSuccess) {
+            cu->decode_prof = NULL; /* no profile; the error is not the step's */
+            cudaGetLastError();
+        }
     if (!meta || !ids || !scr || !sync) return in_pass ? LM_OK : lm_cuda_take_error(cu);
     if (lm_cuda_replaying(cu)) return LM_OK;
 
