@@ -37,12 +37,12 @@ lumen_cuda_env() {
 
 # Configures $BUILD with the CUDA backend and builds the given targets (log in
 # $OUT/build.log); returns 2, showing the errors, when that fails. Needs
-# lumen_cuda_env first.
+# lumen_cuda_env first. LUMEN_CUDA_FLAGS: extra nvcc flags (e.g. -lineinfo).
 lumen_cuda_build() {
   local t0
   t0=$(date +%s)
   cmake -S "$ROOT" -B "$BUILD" -DLUMEN_CUDA=ON -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_BUILD_TYPE=Release \
-    > "$OUT/build.log" 2>&1 &&
+    -DCMAKE_CUDA_FLAGS="${LUMEN_CUDA_FLAGS:-}" > "$OUT/build.log" 2>&1 &&
     cmake --build "$BUILD" -j"$(nproc)" --target "$@" >> "$OUT/build.log" 2>&1 ||
     { grep -E -A4 "error" "$OUT/build.log" | head -40; return 2; }
   echo "built in $(( $(date +%s) - t0 ))s"
