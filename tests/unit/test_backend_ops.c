@@ -58,6 +58,13 @@ static int matmul_path(lm_dtype type, int64_t cols, int64_t n) {
 }
 static char g_dir[256];
 
+/* The matrix-vector path's Q4_K/Q6_K products run the CPU's 8-bit arithmetic
+ * (cuda_matmul_q8.cu) unless LUMEN_CUDA_MVQ=0: then they equal the CPU's to the bit. */
+static bool mv_is_q8(lm_dtype type, int64_t cols) {
+    const char *e = getenv("LUMEN_CUDA_MVQ");
+    return (type == LM_DTYPE_Q4_K || type == LM_DTYPE_Q6_K) && cols % 256 == 0 && !(e && strcmp(e, "0") == 0);
+}
+
 static float frand(void) { return (float)(tiny_rng(&g_rng) >> 40) / (float)(1u << 24) * 2.0f - 1.0f; }
 
 static void fill(float *x, int64_t n, float scale) {
@@ -232,15 +239,25 @@ static void test_matmul_type(lm_dtype type, int64_t rows, int64_t cols, const in
         CHECK(g_cpu->ops->matmul(g_cpu, cw, x, n, yc) == LM_OK);
         int path = matmul_path(type, cols, n);
         /* mv: exact f32 on the exactly decoded weights (formats without a device
-         * decoder are stored as f16); tc and GEMM: bf16 activations and weights, f32
-         * sums (F32 weights: f32 throughout) */
-        double tol = path == PATH_MV   ? (type_is_native(type) ? 1e-5 : 2e-3)
+         * decoder are stored as f16), or the CPU's 8-bit activations (Q4_K, Q6_K: its
+         * bits, checked below); tc and GEMM: bf16 activations and weights, f32 sums
+         * (F32 weights: f32 throughout) */
+        const bool q8 = path == PATH_MV && mv_is_q8(type, cols);
+        double tol = q8                     ? 1e-2
+                     : path == PATH_MV      ? (type_is_native(type) ? 1e-5 : 2e-3)
                      : type == LM_DTYPE_F32 ? 1e-5
                                             : 1e-2;
         char what[96];
         snprintf(what, sizeof what, "%-6s %5lldx%-5lld n=%-4lld %-4s (cpu %.1e)", lm_dtype_name(type),
                  (long long)rows, (long long)cols, (long long)n, path_name(path), nerr_d(yc, ref, n * rows));
         report("matmul", what, nerr_d(yg, ref, n * rows), tol);
+        if (q8 && !bit_equal(yg, yc, n * rows)) {
+            fprintf(stderr, "%s %lldx%lld n=%lld: the 8-bit product differs from the CPU's\n", lm_dtype_name(type),
+                    (long long)rows, (long long)cols, (long long)n);
+            CHECK(false);
+        } else if (q8) {
+            printf("  %-10s %-40s == the CPU's product (bit-equal)\n", "matmul", what);
+        }
         if (n == 1) y1 = yg, yg = NULL;
         else if (n > n_path[path]) free(y_path[path]), y_path[path] = yg, n_path[path] = n, yg = NULL;
         free(yg), free(yc), free(ref);

@@ -391,6 +391,10 @@ static void gemm_run(lm_cuda_backend *cu, const lm_weight *w, const void *xs, in
 
 static lm_status mv_dispatch(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, const float *x, int64_t n,
                              float *const *y) {
+    if (lm_cuda_mvq_supports(cu, w[0])) {
+        lm_cuda_mvq(cu, w, n_w, x, n, y, false);
+        return LM_OK;
+    }
     switch (w[0]->type) {
 #define LM_X(t) \
     case t: launch_mv<t>(cu, w, n_w, x, n, y); break;
@@ -596,9 +600,15 @@ extern "C" lm_status lm_cuda_matmul_swiglu(lm_backend *b, const lm_weight *w_gat
         packed_run(cu, w, 2, x, n, y, gate);
         return lm_cuda_recorded_pass(cu) ? LM_OK : lm_cuda_take_error(cu);
     }
-    const bool one_launch = path_of(cu, w_gate, n) == PATH_MV && w_up->type == w_gate->type &&
-                            w_up->rows == w_gate->rows && w_up->cols == w_gate->cols &&
-                            mv_warps_per_row(w_gate->cols / 8) <= 2;
+    const bool same = path_of(cu, w_gate, n) == PATH_MV && w_up->type == w_gate->type &&
+                      w_up->rows == w_gate->rows && w_up->cols == w_gate->cols;
+    if (same && lm_cuda_mvq_supports(cu, w_gate)) {
+        lm_status st = matmul_begin(cu, x);
+        if (st || n <= 0 || lm_cuda_replaying(cu)) return st;
+        lm_cuda_mvq(cu, w, 2, x, n, y, true);
+        return lm_cuda_recorded_pass(cu) ? LM_OK : lm_cuda_take_error(cu);
+    }
+    const bool one_launch = same && mv_warps_per_row(w_gate->cols / 8) <= 2;
     if (!one_launch) {
         lm_status st = lm_cuda_matmul_many(b, w, 2, x, n, y);
         if (st) return st;
