@@ -33,6 +33,7 @@ enum {
     MVQ_MAX_NT = 4,        /* tokens a launch group                            */
     MVQ_MAX_COLS = 16384,  /* the activations' codes must fit in shared memory */
     MVQ_TARGET_ITEMS = MVQ_THREADS * MVQ_UNROLL,
+    MVQ_BLOCKS_PER_SM = 4, /* resident at once (the kernels' ~120 registers)      */
 };
 
 /* Shared memory of a block: codes [NT][cols], scales [NT][nsb], sums of 16 codes
@@ -43,16 +44,18 @@ struct mvq_layout {
     int q, da, s16, sm, dd, res, bytes;
 };
 
+static __host__ __device__ int mvq_align16(int b) { return (b + 15) & ~15; }
+
 static __host__ __device__ mvq_layout mvq_layout_of(int nt, int cols, int rpb) {
     const int nsb = cols / 256;
     mvq_layout l;
     l.q = 0;
-    l.da = nt * cols;
-    l.s16 = l.da + 4 * nt * nsb;
-    l.sm = l.s16 + 4 * nt * (cols / 16);
-    l.dd = l.sm + 8 * nt * rpb * nsb;
-    l.res = l.dd + 8 * rpb * nsb;
-    l.bytes = l.res + 4 * rpb * nt;
+    l.da = mvq_align16(nt * cols);
+    l.s16 = mvq_align16(l.da + 4 * nt * nsb);
+    l.sm = mvq_align16(l.s16 + 4 * nt * (cols / 16));
+    l.dd = mvq_align16(l.sm + 8 * nt * rpb * nsb);
+    l.res = mvq_align16(l.dd + 8 * rpb * nsb);
+    l.bytes = mvq_align16(l.res + 4 * rpb * nt);
     return l;
 }
 
@@ -197,46 +200,30 @@ struct mvq_format<LM_DTYPE_Q6_K> {
     typedef mvq_q6k type;
 };
 
-/* SWIGLU: the set is (gate, up) with rows interleaved (gate r at 2r, up r at 2r + 1)
- * and rpb even; y[0] gets silu(gate) * up. */
-template <int T, int NT, bool SWIGLU>
-__global__ void __launch_bounds__(MVQ_THREADS)
-    mvq_kernel(const __grid_constant__ mv_set set, int cols, const float *__restrict__ x, int n, int rpb) {
+/* A block's items (row, super-block, piece) of one group of rpb rows, MVQ_UNROLL a
+ * thread at a time: their weights (load) and their sums into sm (sums). */
+template <int T, bool SWIGLU>
+struct mvq_batch {
     typedef typename mvq_format<T>::type F;
-    extern __shared__ __align__(16) uint8_t mvq_smem[];
-    const int nsb = cols / 256, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int t0 = blockIdx.y * NT, nt = min(NT, n - t0);
-    const int rows_all = set.end[set.n_w - 1], r0 = blockIdx.x * rpb;
-    const mvq_layout l = mvq_layout_of(NT, cols, rpb);
-    int8_t *q = (int8_t *)(mvq_smem + l.q);
-    float *da = (float *)(mvq_smem + l.da);
-    int *s16 = (int *)(mvq_smem + l.s16);
-    int2 *sm = (int2 *)(mvq_smem + l.sm);
-    float2 *dd = (float2 *)(mvq_smem + l.dd);
-    lm_pdl_enter();
-    for (int p = warp; p < nt * nsb; p += MVQ_WARPS) {
-        const int t = p / nsb, sb = p % nsb;
-        mvq_quantize_sb(x + (size_t)(t0 + t) * cols + 256 * sb, q + t * cols + 256 * sb, da + t * nsb + sb,
-                        s16 + t * (cols / 16) + 16 * sb, lane);
-    }
-    __syncthreads();
-
-    /* items (row, super-block, piece); a super-block's pieces in adjacent lanes */
-    const int per_row = nsb * F::pieces, total = rpb * per_row;
-    for (int base = 0; base < total; base += MVQ_THREADS * MVQ_UNROLL) {
-        F f[MVQ_UNROLL];
+    F f[MVQ_UNROLL];
+    __device__ __forceinline__ void load(const mv_set &set, int rows_all, int r0, int per_row, int total,
+                                         int base) {
 #pragma unroll
         for (int u = 0; u < MVQ_UNROLL; u++) {
             const int i = base + u * MVQ_THREADS + threadIdx.x, r = r0 + i / per_row;
             if (i < total && r < rows_all) {
-                int lr;
-                int k;
+                int k, lr;
                 if (SWIGLU) k = r & 1, lr = r >> 1;
                 else k = mv_which(set, r), lr = r - (k ? set.end[k - 1] : 0);
                 const int sb = (i % per_row) / F::pieces;
                 f[u].load(set.W[k] + (size_t)lr * set.row_bytes[k] + (size_t)sb * F::sb_bytes, i % F::pieces);
             }
         }
+    }
+    template <int NT>
+    __device__ __forceinline__ void sums(int rows_all, int r0, int per_row, int total, int base, int nt, int cols,
+                                         int rpb, const int8_t *q, const int *s16, int2 *sm, float2 *dd) const {
+        const int nsb = cols / 256;
 #pragma unroll
         for (int u = 0; u < MVQ_UNROLL; u++) {
             const int i = base + u * MVQ_THREADS + threadIdx.x, rl = i / per_row;
@@ -256,38 +243,80 @@ __global__ void __launch_bounds__(MVQ_THREADS)
             if (on && p == 0) dd[rl * nsb + sb] = make_float2(f[u].d(), f[u].dmin());
         }
     }
-    __syncthreads();
+};
 
-    /* the float steps, in super-block order: a thread per (row, token) */
+/* One wave of blocks, each over groups of rpb rows (blockIdx.x, + gridDim.x, ...), so
+ * a block quantizes its tokens once for all its groups. The first weights are
+ * requested before the quantization, each group's first weights before the previous
+ * group's float steps. SWIGLU: the set is (gate, up) with rows interleaved (gate r at
+ * 2r, up r at 2r + 1) and rpb even; y[0] gets silu(gate) * up. */
+template <int T, int NT, bool SWIGLU>
+__global__ void __launch_bounds__(MVQ_THREADS, MVQ_BLOCKS_PER_SM)
+    mvq_kernel(const __grid_constant__ mv_set set, int cols, const float *__restrict__ x, int n, int rpb) {
+    extern __shared__ __align__(16) uint8_t mvq_smem[];
+    const int nsb = cols / 256, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int t0 = blockIdx.y * NT, nt = min(NT, n - t0);
+    const int rows_all = set.end[set.n_w - 1], n_groups = (rows_all + rpb - 1) / rpb;
+    const mvq_layout l = mvq_layout_of(NT, cols, rpb);
+    int8_t *q = (int8_t *)(mvq_smem + l.q);
+    float *da = (float *)(mvq_smem + l.da);
+    int *s16 = (int *)(mvq_smem + l.s16);
+    int2 *sm = (int2 *)(mvq_smem + l.sm);
+    float2 *dd = (float2 *)(mvq_smem + l.dd);
     float *res = (float *)(mvq_smem + l.res); /* [rpb][NT] */
-    for (int e = threadIdx.x; e < rpb * nt; e += MVQ_THREADS) {
-        const int rl = e / nt, t = e % nt;
-        if (r0 + rl >= rows_all) continue;
-        float acc = 0.0f;
-        for (int sb = 0; sb < nsb; sb++) {
-            const int2 v = sm[(t * rpb + rl) * nsb + sb];
-            const float2 w = dd[rl * nsb + sb];
-            const float a = da[t * nsb + sb];
-            acc = fmaf((float)v.x, __fmul_rn(w.x, a), acc);
-            if (T != LM_DTYPE_Q6_K) acc = fmaf(-(float)v.y, __fmul_rn(w.y, a), acc);
-        }
-        res[rl * NT + t] = acc;
+    const int per_row = nsb * mvq_format<T>::type::pieces, total = rpb * per_row;
+    const int step = MVQ_THREADS * MVQ_UNROLL;
+    lm_pdl_enter();
+    mvq_batch<T, SWIGLU> b;
+    int g = blockIdx.x;
+    if (g < n_groups) b.load(set, rows_all, g * rpb, per_row, total, 0);
+    for (int p = warp; p < nt * nsb; p += MVQ_WARPS) {
+        const int t = p / nsb, sb = p % nsb;
+        mvq_quantize_sb(x + (size_t)(t0 + t) * cols + 256 * sb, q + t * cols + 256 * sb, da + t * nsb + sb,
+                        s16 + t * (cols / 16) + 16 * sb, lane);
     }
     __syncthreads();
-    if (SWIGLU) { /* (gate, up) row pairs: rows_all and rpb are even */
-        for (int e = threadIdx.x; e < rpb / 2 * nt; e += MVQ_THREADS) {
-            const int pl = e / nt, t = e % nt, r = r0 + 2 * pl;
-            if (r < rows_all)
-                set.y[0][(size_t)(t0 + t) * set.rows[0] + (r >> 1)] =
-                    lm_swiglu1(res[2 * pl * NT + t], res[(2 * pl + 1) * NT + t]);
+    for (; g < n_groups; g += gridDim.x) {
+        const int r0 = g * rpb;
+        for (int base = 0; base < total; base += step) {
+            b.template sums<NT>(rows_all, r0, per_row, total, base, nt, cols, rpb, q, s16, sm, dd);
+            if (base + step < total) b.load(set, rows_all, r0, per_row, total, base + step);
+            else if (g + (int)gridDim.x < n_groups) b.load(set, rows_all, r0 + (int)gridDim.x * rpb, per_row, total, 0);
         }
-    } else {
+        __syncthreads();
+        /* the float steps, in super-block order: a thread per (row, token) */
         for (int e = threadIdx.x; e < rpb * nt; e += MVQ_THREADS) {
-            const int rl = e / nt, t = e % nt, r = r0 + rl;
-            if (r >= rows_all) continue;
-            const int k = mv_which(set, r), lr = r - (k ? set.end[k - 1] : 0);
-            set.y[k][(size_t)(t0 + t) * set.rows[k] + lr] = res[rl * NT + t];
+            const int rl = e / nt, t = e % nt;
+            if (r0 + rl >= rows_all) continue;
+            float acc = 0.0f;
+            for (int sb = 0; sb < nsb; sb++) {
+                const int2 v = sm[(t * rpb + rl) * nsb + sb];
+                const float2 w = dd[rl * nsb + sb];
+                const float a = da[t * nsb + sb];
+                acc = fmaf((float)v.x, __fmul_rn(w.x, a), acc);
+                if (T != LM_DTYPE_Q6_K) acc = fmaf(-(float)v.y, __fmul_rn(w.y, a), acc);
+            }
+            res[rl * NT + t] = acc;
         }
+        __syncthreads();
+        if (SWIGLU) { /* (gate, up) row pairs: rows_all and rpb are even */
+            for (int e = threadIdx.x; e < rpb / 2 * nt; e += MVQ_THREADS) {
+                const int pl = e / nt, t = e % nt, r = r0 + 2 * pl;
+                if (r < rows_all)
+                    set.y[0][(size_t)(t0 + t) * set.rows[0] + (r >> 1)] =
+                        lm_swiglu1(res[2 * pl * NT + t], res[(2 * pl + 1) * NT + t]);
+            }
+        } else {
+            for (int e = threadIdx.x; e < rpb * nt; e += MVQ_THREADS) {
+                const int rl = e / nt, t = e % nt, r = r0 + rl;
+                if (r >= rows_all) continue;
+                const int k = mv_which(set, r), lr = r - (k ? set.end[k - 1] : 0);
+                set.y[k][(size_t)(t0 + t) * set.rows[k] + lr] = res[rl * NT + t];
+            }
+        }
+        /* sm, dd and res are the next group's after the sums' first writes: those come
+         * after this group's readers passed the barrier above, and res's after the
+         * next one */
     }
 }
 
@@ -315,7 +344,8 @@ static void mvq_launch(lm_cuda_backend *cu, const mv_set &set, int64_t cols, con
         const int nn = (int)(n - g0 < (int64_t)nt * 65535 ? n - g0 : (int64_t)nt * 65535);
         mv_set s = set;
         for (int k = 0; k < s.n_w; k++) s.y[k] += g0 * s.rows[k];
-        const dim3 grid((unsigned)((rows_all + rpb - 1) / rpb), (unsigned)((nn + nt - 1) / nt));
+        const int groups = (rows_all + rpb - 1) / rpb, wave = MVQ_BLOCKS_PER_SM * cu->n_sm;
+        const dim3 grid((unsigned)(groups < wave ? groups : wave), (unsigned)((nn + nt - 1) / nt));
         const float *xs = x + g0 * cols;
         if (smem > 48 * 1024) {
             void (*k)(mv_set, int, const float *, int, int) =
