@@ -20,15 +20,14 @@
  * float steps in order. A product here equals the CPU backend's to the bit, and a
  * token's result depends on nothing else in the batch.
  *
- * A block quantizes its tokens' rows into shared memory itself (a warp per 256
- * values), then takes rpb rows: items of (row, super-block, piece), a piece being 16
+ * A block quantizes its tokens' rows into shared memory itself (8 lanes per 256
+ * values), then takes groups of rpb rows: items of (row, super-block, piece), a piece being 16
  * bytes of Q4_K codes (32 values) or 48 bytes of Q6_K codes (64 values), a thread an
  * item at a time with MVQ_UNROLL items' loads in flight. */
 #include "backend/cuda/cuda_matmul.cuh"
 
 enum {
     MVQ_THREADS = 128,
-    MVQ_WARPS = MVQ_THREADS / 32,
     MVQ_UNROLL = 4,
     MVQ_MAX_NT = 4,        /* tokens a launch group                            */
     MVQ_MAX_COLS = 16384,  /* the activations' codes must fit in shared memory */
@@ -59,38 +58,47 @@ static __host__ __device__ mvq_layout mvq_layout_of(int nt, int cols, int rpb) {
     return l;
 }
 
-/* ---- phase A: a token's 256 values to codes (a warp; lane l has values 8l..8l+7) --- */
-__device__ __forceinline__ void mvq_quantize_sb(const float *__restrict__ xs, int8_t *q, float *da, int *s16,
-                                                int lane) {
-    const float4 a = ((const float4 *)xs)[2 * lane], b = ((const float4 *)xs)[2 * lane + 1];
-    const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+/* ---- phase A: a token's 256 values to codes (8 lanes; lane g of them has values
+ * 32g..32g+31), the loads of every group in flight at once ----------------------- */
+__device__ __forceinline__ void mvq_quantize_sb(const float *__restrict__ xs, int8_t *q, float *da, int *s16, int g,
+                                                bool on) {
+    float v[32];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const float4 a = on ? ((const float4 *)xs)[8 * g + i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        v[4 * i] = a.x, v[4 * i + 1] = a.y, v[4 * i + 2] = a.z, v[4 * i + 3] = a.w;
+    }
     /* the first value of largest magnitude: the lane's first, then the lowest lane's */
     float am = 0.0f, mx = 0.0f;
 #pragma unroll
-    for (int i = 0; i < 8; i++)
+    for (int i = 0; i < 32; i++)
         if (fabsf(v[i]) > am) am = fabsf(v[i]), mx = v[i];
-    int bl = lane;
+    int bl = g;
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
+    for (int off = 1; off < 8; off <<= 1) {
         const float oam = __shfl_xor_sync(0xffffffffu, am, off), omx = __shfl_xor_sync(0xffffffffu, mx, off);
         const int obl = __shfl_xor_sync(0xffffffffu, bl, off);
         if (oam > am || (oam == am && obl < bl)) am = oam, mx = omx, bl = obl;
     }
+    if (!on) return;
     const float iscale = am != 0.0f ? __fdiv_rn(-127.0f, mx) : 0.0f;
     const float d = am != 0.0f ? __fdiv_rn(1.0f, iscale) : 0.0f;
-    uint32_t w0 = 0, w1 = 0;
-    int sum = 0;
+    uint32_t w[8];
+    int sum[2] = {0, 0};
 #pragma unroll
     for (int i = 0; i < 8; i++) {
-        const int c = min(127, __float2int_rn(__fmul_rn(iscale, v[i])));
-        sum += c;
-        if (i < 4) w0 |= (uint32_t)(c & 0xff) << (8 * i);
-        else w1 |= (uint32_t)(c & 0xff) << (8 * (i - 4));
+        w[i] = 0;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const int c = min(127, __float2int_rn(__fmul_rn(iscale, v[4 * i + k])));
+            sum[i >> 2] += c;
+            w[i] |= (uint32_t)(c & 0xff) << (8 * k);
+        }
     }
-    *(uint2 *)(q + 8 * lane) = make_uint2(w0, w1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1); /* lanes 2k, 2k + 1: values 16k..16k+15 */
-    if ((lane & 1) == 0) s16[lane >> 1] = sum;
-    if (lane == 0) *da = d;
+    ((uint4 *)q)[2 * g] = make_uint4(w[0], w[1], w[2], w[3]);
+    ((uint4 *)q)[2 * g + 1] = make_uint4(w[4], w[5], w[6], w[7]);
+    s16[2 * g] = sum[0], s16[2 * g + 1] = sum[1];
+    if (g == 0) *da = d;
 }
 
 /* ---- phase B: one piece's integer sums ------------------------------------------ */
@@ -254,7 +262,7 @@ template <int T, int NT, bool SWIGLU>
 __global__ void __launch_bounds__(MVQ_THREADS, MVQ_BLOCKS_PER_SM)
     mvq_kernel(const __grid_constant__ mv_set set, int cols, const float *__restrict__ x, int n, int rpb) {
     extern __shared__ __align__(16) uint8_t mvq_smem[];
-    const int nsb = cols / 256, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int nsb = cols / 256;
     const int t0 = blockIdx.y * NT, nt = min(NT, n - t0);
     const int rows_all = set.end[set.n_w - 1], n_groups = (rows_all + rpb - 1) / rpb;
     const mvq_layout l = mvq_layout_of(NT, cols, rpb);
@@ -270,10 +278,12 @@ __global__ void __launch_bounds__(MVQ_THREADS, MVQ_BLOCKS_PER_SM)
     mvq_batch<T, SWIGLU> b;
     int g = blockIdx.x;
     if (g < n_groups) b.load(set, rows_all, g * rpb, per_row, total, 0);
-    for (int p = warp; p < nt * nsb; p += MVQ_WARPS) {
-        const int t = p / nsb, sb = p % nsb;
-        mvq_quantize_sb(x + (size_t)(t0 + t) * cols + 256 * sb, q + t * cols + 256 * sb, da + t * nsb + sb,
-                        s16 + t * (cols / 16) + 16 * sb, lane);
+    /* a super-block per 8 lanes, every lane through the same trips (the shuffles) */
+    for (int p0 = 0; p0 < nt * nsb; p0 += MVQ_THREADS / 8) {
+        const int p = p0 + (threadIdx.x >> 3), t = p / nsb, sb = p % nsb;
+        const bool on = p < nt * nsb;
+        mvq_quantize_sb(x + (on ? (size_t)(t0 + t) * cols + 256 * sb : 0), q + t * cols + 256 * sb,
+                        da + t * nsb + sb, s16 + t * (cols / 16) + 16 * sb, threadIdx.x & 7, on);
     }
     __syncthreads();
     for (; g < n_groups; g += gridDim.x) {
@@ -325,19 +335,22 @@ bool lm_cuda_mvq_supports(const lm_cuda_backend *cu, const lm_weight *w) {
            w->cols <= MVQ_MAX_COLS && w->rows <= INT32_MAX / 2;
 }
 
-/* rows a block: about MVQ_TARGET_ITEMS items, at least 4 rows (each block quantizes
- * the whole input: long rows in blocks of one or two would read it ~1,000 times) */
-static int mvq_rows_per_block(int pieces, int64_t cols, bool swiglu) {
-    int rpb = (int)(MVQ_TARGET_ITEMS / (cols / 256 * pieces));
-    if (rpb < 4) rpb = 4;
+/* rows a group: about MVQ_TARGET_ITEMS items, fewer where that leaves SMs idle (a
+ * 256-row V in groups of 10 took 26 blocks), never below 2 */
+static int mvq_rows_per_block(int pieces, int64_t cols, int64_t rows_all, int n_sm, bool swiglu) {
+    int64_t rpb = MVQ_TARGET_ITEMS / (cols / 256 * pieces);
+    const int64_t spread = rows_all / (2 * (int64_t)n_sm);
+    if (rpb > spread) rpb = spread;
+    if (rpb < 2) rpb = 2;
     if (rpb > 32) rpb = 32;
-    return swiglu ? rpb & ~1 : rpb;
+    return swiglu ? (int)rpb & ~1 : (int)rpb;
 }
 
 template <int T, bool SWIGLU>
 static void mvq_launch(lm_cuda_backend *cu, const mv_set &set, int64_t cols, const float *x, int64_t n) {
     const int pieces = T == LM_DTYPE_Q4_K ? 8 : 4;
-    const int rpb = mvq_rows_per_block(pieces, cols, SWIGLU), rows_all = set.end[set.n_w - 1];
+    const int rows_all = set.end[set.n_w - 1];
+    const int rpb = mvq_rows_per_block(pieces, cols, rows_all, cu->n_sm, SWIGLU);
     const int nt = n == 1 ? 1 : n == 2 ? 2 : 4;
     const size_t smem = (size_t)mvq_layout_of(nt, (int)cols, rpb).bytes;
     for (int64_t g0 = 0; g0 < n; g0 += (int64_t)nt * 65535) {
