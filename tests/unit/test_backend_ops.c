@@ -58,11 +58,13 @@ static int matmul_path(lm_dtype type, int64_t cols, int64_t n) {
 }
 static char g_dir[256];
 
-/* The matrix-vector path's Q4_K/Q6_K products run the CPU's 8-bit arithmetic
- * (cuda_matmul_q8.cu) unless LUMEN_CUDA_MVQ=0: then they equal the CPU's to the bit. */
-static bool mv_is_q8(lm_dtype type, int64_t cols) {
+/* The matrix-vector path's Q4_K/Q6_K products of at least 4,096 rows over at most
+ * 4,096 columns run the CPU's 8-bit arithmetic (cuda_matmul_q8.cu) unless
+ * LUMEN_CUDA_MVQ=0: then they equal the CPU's to the bit. */
+static bool mv_is_q8(lm_dtype type, int64_t rows, int64_t cols) {
     const char *e = getenv("LUMEN_CUDA_MVQ");
-    return (type == LM_DTYPE_Q4_K || type == LM_DTYPE_Q6_K) && cols % 256 == 0 && !(e && strcmp(e, "0") == 0);
+    return (type == LM_DTYPE_Q4_K || type == LM_DTYPE_Q6_K) && cols % 256 == 0 && cols <= 4096 && rows >= 4096 &&
+           !(e && strcmp(e, "0") == 0);
 }
 
 static float frand(void) { return (float)(tiny_rng(&g_rng) >> 40) / (float)(1u << 24) * 2.0f - 1.0f; }
@@ -242,7 +244,7 @@ static void test_matmul_type(lm_dtype type, int64_t rows, int64_t cols, const in
          * decoder are stored as f16), or the CPU's 8-bit activations (Q4_K, Q6_K: its
          * bits, checked below); tc and GEMM: bf16 activations and weights, f32 sums
          * (F32 weights: f32 throughout) */
-        const bool q8 = path == PATH_MV && mv_is_q8(type, cols);
+        const bool q8 = path == PATH_MV && mv_is_q8(type, rows, cols);
         double tol = q8                     ? 1e-2
                      : path == PATH_MV      ? (type_is_native(type) ? 1e-5 : 2e-3)
                      : type == LM_DTYPE_F32 ? 1e-5
@@ -367,10 +369,11 @@ static void test_matmul_many(lm_dtype type, bool packed) {
 /* matmul_swiglu (gate and up products, then swiglu; one launch on the matrix-vector
  * path) against matmul_many then swiglu: bit-equal on every path, for rows short
  * enough to pair in a block (1 and 2 warps a row) and long ones (the separate ops).
- * packed (weight_pack): on the GEMM path, swiglu read from one product's output. */
-static void test_matmul_swiglu(lm_dtype type, int64_t cols, bool packed) {
+ * packed (weight_pack): on the GEMM path, swiglu read from one product's output.
+ * rows: 72, or enough for the 8-bit kernel (mv_is_q8). */
+static void test_matmul_swiglu(lm_dtype type, int64_t cols, bool packed, int64_t rows) {
     static const int64_t ns[] = {1, 3, 24, 100, 600};
-    const int64_t rows = 72, n_max = 600;
+    const int64_t n_max = 600;
     if (!g_gpu->ops->matmul_swiglu || !g_gpu->ops->matmul_many || (packed && !g_gpu->ops->weight_pack)) return;
     test_weight w[2];
     lm_weight *gw[2] = {NULL, NULL};
@@ -423,13 +426,17 @@ static void test_matmul(void) {
     static const int64_t ns[] = {1, 3, 16, 130, 40, 300, 32, 64, 100, 128, 200, 256};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         test_matmul_type(types[i], 200, 512, ns, (int)(sizeof ns / sizeof ns[0]));
-    test_matmul_swiglu(LM_DTYPE_BF16, 512, false); /* a warp a row */
-    test_matmul_swiglu(LM_DTYPE_Q4_K, 4096, false); /* two warps a row */
-    test_matmul_swiglu(LM_DTYPE_Q8_0, 8960, false); /* four: the separate ops */
-    test_matmul_swiglu(LM_DTYPE_BF16, 512, true);
+    test_matmul_swiglu(LM_DTYPE_BF16, 512, false, 72); /* a warp a row */
+    test_matmul_swiglu(LM_DTYPE_Q4_K, 4096, false, 72); /* two warps a row */
+    test_matmul_swiglu(LM_DTYPE_Q8_0, 8960, false, 72); /* four: the separate ops */
+    test_matmul_swiglu(LM_DTYPE_BF16, 512, true, 72);
     test_matmul_many(LM_DTYPE_BF16, true);
+    static const int64_t ns_mv[] = {1, 2, 3, 4};
+    test_matmul_type(LM_DTYPE_Q4_K, 4100, 1536, ns_mv, 4); /* the 8-bit kernel (mv_is_q8) */
+    test_matmul_type(LM_DTYPE_Q6_K, 4096, 512, ns_mv, 4);
+    test_matmul_swiglu(LM_DTYPE_Q4_K, 1536, false, 4100); /* gate and up in one 8-bit launch */
     if (getenv("LUMEN_TEST_OPS_QUICK")) return; /* under compute-sanitizer */
-    test_matmul_swiglu(LM_DTYPE_Q4_K, 4096, true); /* decoded whole */
+    test_matmul_swiglu(LM_DTYPE_Q4_K, 4096, true, 72); /* decoded whole */
     test_matmul_many(LM_DTYPE_Q4_K, true);
     /* long rows (several warps per row), and more rows than one GEMM tile */
     static const int64_t ns2[] = {1, 24, 100, 300};

@@ -391,8 +391,19 @@ static void gemm_run(lm_cuda_backend *cu, const lm_weight *w, const void *xs, in
 
 static lm_status mv_dispatch(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, const float *x, int64_t n,
                              float *const *y) {
-    if (lm_cuda_mvq_supports(cu, w[0])) {
+    /* the 8-bit kernel where it takes every weight of the run, else each weight on its
+     * own kernel (lm_cuda_mvq_supports is the weight's alone) */
+    int q8 = 0;
+    for (int k = 0; k < n_w; k++) q8 += lm_cuda_mvq_supports(cu, w[k]);
+    if (q8 == n_w) {
         lm_cuda_mvq(cu, w, n_w, x, n, y, false);
+        return LM_OK;
+    }
+    if (q8 > 0) {
+        for (int k = 0; k < n_w; k++) {
+            lm_status st = mv_dispatch(cu, w + k, 1, x, n, y + k);
+            if (st) return st;
+        }
         return LM_OK;
     }
     switch (w[0]->type) {

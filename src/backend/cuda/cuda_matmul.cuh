@@ -45,8 +45,10 @@ static inline mv_set mv_set_of(const lm_weight *const *w, int n_w, float *const 
 
 /* The matrix-vector path's Q4_K and Q6_K products over 8-bit activations, the CPU
  * backend's arithmetic bit for bit (cuda_matmul_q8.cu): whether it takes w (the
- * backend allows it, the format and shape fit), and y[k] = w[k] x for n tokens
- * (swiglu: w = (gate, up), y[0] = silu(gate x) * (up x)). Errors are recorded. */
+ * backend allows it, the format and shape are ones it serves faster: a function of
+ * the weight alone, so matmul_many gives each weight matmul's bits), and y[k] = w[k]
+ * x for n tokens, every w[k] one it takes (swiglu: w = (gate, up), y[0] = silu(gate
+ * x) * (up x)). Errors are recorded. */
 bool lm_cuda_mvq_supports(const lm_cuda_backend *cu, const lm_weight *w);
 void lm_cuda_mvq(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, const float *x, int64_t n,
                  float *const *y, bool swiglu);

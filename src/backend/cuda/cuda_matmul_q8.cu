@@ -7,7 +7,9 @@
  * 1 on the H200 a Q4_K matrix took longer than the same matrix in bf16 (8960x1536:
  * 10.8 us vs 8.9, 0.72 TB/s of its bytes; the Q6_K head 176 us vs 110), so a Q4_K_M
  * model decoded slower than bf16. Here four weights and four activations multiply in
- * one dp4a, and the scales apply once per 16 or 32 elements.
+ * one dp4a, and the scales apply once per 16 or 32 elements. It takes products of
+ * many rows over inputs of up to 4,096 (gate/up, the output head); the others stay
+ * on the f32 kernel, faster there (MVQ_MIN_ROWS).
  *
  * The arithmetic is the CPU's, bit for bit (cpu_q8.h): each token's row quantized
  * per 256 values (PER256: d = max / -127, max the signed value of largest magnitude,
@@ -31,6 +33,14 @@ enum {
     MVQ_UNROLL = 4,
     MVQ_MAX_NT = 4,        /* tokens a launch group                            */
     MVQ_MAX_COLS = 16384,  /* the activations' codes must fit in shared memory */
+    /* The shapes it takes (lm_cuda_mvq_supports): its quantization, barriers and float
+     * steps add ~1-2 us a launch that only many rows repay. On the H200 at batch 1
+     * (bench_cuda_matvec, us a call, this kernel vs the f32 one): Q4_K 8960x1536 9.8
+     * vs 10.8, head 151936x1536 113 vs 156 (Q6_K 103 vs 176); but 1536x1536 5.9 vs
+     * 3.7, 256x1536 4.5 vs 3.2, and 1536x8960 17.5 vs 11.1 (each block quantizes
+     * the whole 8960-wide input). */
+    MVQ_MIN_ROWS = 4096,
+    MVQ_MAX_COLS_TAKEN = 4096,
     MVQ_TARGET_ITEMS = MVQ_THREADS * MVQ_UNROLL,
     MVQ_BLOCKS_PER_SM = 4, /* resident at once (the kernels' ~120 registers)      */
 };
@@ -332,7 +342,7 @@ __global__ void __launch_bounds__(MVQ_THREADS, MVQ_BLOCKS_PER_SM)
 
 bool lm_cuda_mvq_supports(const lm_cuda_backend *cu, const lm_weight *w) {
     return cu->mvq && (w->type == LM_DTYPE_Q4_K || w->type == LM_DTYPE_Q6_K) && w->cols % 256 == 0 &&
-           w->cols <= MVQ_MAX_COLS && w->rows <= INT32_MAX / 2;
+           w->cols <= MVQ_MAX_COLS_TAKEN && w->rows >= MVQ_MIN_ROWS && w->rows <= INT32_MAX / 8;
 }
 
 /* rows a group: about MVQ_TARGET_ITEMS items, fewer where that leaves SMs idle (a
