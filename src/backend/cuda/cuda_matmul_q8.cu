@@ -149,8 +149,12 @@ struct mvq_q4k {
         /* the mins once a super-block: sub-block sums from the 16-value sums */
         *M = h ? 0 : m0 * (s16[2 * j] + s16[2 * j + 1]) + m1 * (s16[2 * j + 2] + s16[2 * j + 3]);
     }
-    __device__ __forceinline__ float d() const { return __half2float(__ushort_as_half((unsigned short)(head.x & 0xffffu))); }
-    __device__ __forceinline__ float dmin() const { return __half2float(__ushort_as_half((unsigned short)(head.x >> 16))); }
+    __device__ __forceinline__ float d() const {
+        return __half2float(__ushort_as_half((unsigned short)(head.x & 0xffffu)));
+    }
+    __device__ __forceinline__ float dmin() const {
+        return __half2float(__ushort_as_half((unsigned short)(head.x >> 16)));
+    }
 };
 
 /* 16 bytes at p, any even address: five aligned words, funnel-shifted */
