@@ -242,25 +242,6 @@ struct mvq_batch {
             }
         }
     }
-    /* the super-blocks of a later batch requested into L2 (one lane a super-block),
-     * so more of the stream is in flight than the registers hold */
-    __device__ __forceinline__ void prefetch(const mv_set &set, int rows_all, int r0, int per_row, int total,
-                                             int base) const {
-#pragma unroll
-        for (int u = 0; u < MVQ_UNROLL; u++) {
-            const int i = base + u * MVQ_THREADS + threadIdx.x, r = r0 + i / per_row;
-            if (i < total && r < rows_all && i % F::pieces == 0) {
-                int k, lr;
-                if (SWIGLU) k = r & 1, lr = r >> 1;
-                else k = mv_which(set, r), lr = r - (k ? set.end[k - 1] : 0);
-                const uint8_t *a =
-                    set.W[k] + (size_t)lr * set.row_bytes[k] + (size_t)((i % per_row) / F::pieces) * F::sb_bytes;
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(a + 128));
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(a + F::sb_bytes - 1));
-            }
-        }
-    }
     template <int NT>
     __device__ __forceinline__ void sums(int rows_all, int r0, int per_row, int total, int base, int nt, int cols,
                                          int rpb, const int8_t *q, const int *s16, int2 *sm, float2 *dd) const {
@@ -293,8 +274,7 @@ struct mvq_batch {
  * 2r, up r at 2r + 1) and rpb even; y[0] gets silu(gate) * up. */
 template <int T, int NT, bool SWIGLU>
 __global__ void __launch_bounds__(MVQ_THREADS, MVQ_BLOCKS_PER_SM)
-    mvq_kernel(const __grid_constant__ mv_set set, int cols, const float *__restrict__ x, int n, int rpb,
-               bool prefetch) {
+    mvq_kernel(const __grid_constant__ mv_set set, int cols, const float *__restrict__ x, int n, int rpb) {
     extern __shared__ __align__(16) uint8_t mvq_smem[];
     const int nsb = cols / 256;
     const int t0 = blockIdx.y * NT, nt = min(NT, n - t0);
@@ -323,11 +303,6 @@ __global__ void __launch_bounds__(MVQ_THREADS, MVQ_BLOCKS_PER_SM)
     for (; g < n_groups; g += gridDim.x) {
         const int r0 = g * rpb;
         for (int base = 0; base < total; base += step) {
-            if (prefetch) { /* the batch after the next one */
-                int pg = g, pb = base + 2 * step;
-                while (pb >= total) pb -= total, pg += gridDim.x;
-                if (pg < n_groups) b.prefetch(set, rows_all, pg * rpb, per_row, total, pb);
-            }
             b.template sums<NT>(rows_all, r0, per_row, total, base, nt, cols, rpb, q, s16, sm, dd);
             if (base + step < total) b.load(set, rows_all, r0, per_row, total, base + step);
             else if (g + (int)gridDim.x < n_groups) b.load(set, rows_all, r0 + (int)gridDim.x * rpb, per_row, total, 0);
@@ -399,24 +374,17 @@ static void mvq_launch(lm_cuda_backend *cu, const mv_set &set, int64_t cols, con
         const int groups = (rows_all + rpb - 1) / rpb, wave = MVQ_BLOCKS_PER_SM * cu->n_sm;
         const dim3 grid((unsigned)(groups < wave ? groups : wave), (unsigned)((nn + nt - 1) / nt));
         const float *xs = x + g0 * cols;
-        const bool pf = cu->mvq_prefetch;
         if (smem > 48 * 1024) {
-            void (*k)(mv_set, int, const float *, int, int, bool) =
+            void (*k)(mv_set, int, const float *, int, int) =
                 nt == 1 ? mvq_kernel<T, 1, SWIGLU> : nt == 2 ? mvq_kernel<T, 2, SWIGLU> : mvq_kernel<T, 4, SWIGLU>;
             if (!lm_cuda_ok(cu, cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                             "matmul (shared memory)"))
                 return;
         }
         switch (nt) {
-        case 1:
-            lm_cuda_launch_smem(cu, mvq_kernel<T, 1, SWIGLU>, grid, MVQ_THREADS, smem, s, (int)cols, xs, nn, rpb, pf);
-            break;
-        case 2:
-            lm_cuda_launch_smem(cu, mvq_kernel<T, 2, SWIGLU>, grid, MVQ_THREADS, smem, s, (int)cols, xs, nn, rpb, pf);
-            break;
-        default:
-            lm_cuda_launch_smem(cu, mvq_kernel<T, 4, SWIGLU>, grid, MVQ_THREADS, smem, s, (int)cols, xs, nn, rpb, pf);
-            break;
+        case 1: lm_cuda_launch_smem(cu, mvq_kernel<T, 1, SWIGLU>, grid, MVQ_THREADS, smem, s, (int)cols, xs, nn, rpb); break;
+        case 2: lm_cuda_launch_smem(cu, mvq_kernel<T, 2, SWIGLU>, grid, MVQ_THREADS, smem, s, (int)cols, xs, nn, rpb); break;
+        default: lm_cuda_launch_smem(cu, mvq_kernel<T, 4, SWIGLU>, grid, MVQ_THREADS, smem, s, (int)cols, xs, nn, rpb); break;
         }
         if (!lm_cuda_launched(cu, "mvq_kernel")) return;
     }
