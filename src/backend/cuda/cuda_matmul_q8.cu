@@ -205,24 +205,25 @@ struct mvq_q6k {
     __device__ __forceinline__ float dmin() const { return 0.0f; }
 };
 
-/* Q6_K: the super-block's four pieces in turn */
+/* Q6_K: the super-block's four pieces, every load in flight before the sums (one
+ * piece at a time was four trips to memory a super-block) */
 template <int NT>
 __device__ __forceinline__ void mvq_q6k_sb(const uint8_t *sb, const int8_t *q, const int *s16, int cols, int nt,
                                            int S[NT], int M[NT], float *d, float *dmin) {
+    mvq_q6k f[4];
 #pragma unroll
-    for (int t = 0; t < NT; t++) S[t] = 0, M[t] = 0;
-    mvq_q6k f;
+    for (int p = 0; p < 4; p++) f[p].load(sb, p);
 #pragma unroll
-    for (int p = 0; p < 4; p++) {
-        f.load(sb, p);
+    for (int t = 0; t < NT; t++) {
+        S[t] = 0, M[t] = 0;
 #pragma unroll
-        for (int t = 0; t < NT; t++) {
+        for (int p = 0; p < 4; p++) {
             int s = 0, m = 0;
-            if (t < nt) f.sums(p, q + t * cols, s16 + t * (cols / 16), &s, &m);
+            if (t < nt) f[p].sums(p, q + t * cols, s16 + t * (cols / 16), &s, &m);
             S[t] += s;
         }
     }
-    *d = f.d(), *dmin = 0.0f;
+    *d = f[0].d(), *dmin = 0.0f;
 }
 
 /* L lanes a row (a power of two up to 4); SWIGLU: the set is (gate, up) with rows
