@@ -58,13 +58,13 @@ static int matmul_path(lm_dtype type, int64_t cols, int64_t n) {
 }
 static char g_dir[256];
 
-/* The matrix-vector path's Q4_K/Q6_K products of at least 4,096 rows over at most
- * 4,096 columns run the CPU's 8-bit arithmetic (cuda_matmul_q8.cu) unless
- * LUMEN_CUDA_MVQ=0: then they equal the CPU's to the bit. */
+/* The matrix-vector path's products of Q4_K weights of at least 4,096 rows and Q6_K
+ * of at least 32,768, over at most 4,096 columns, run the CPU's 8-bit arithmetic
+ * (cuda_matmul_q8.cu) unless LUMEN_CUDA_MVQ=0: then they equal the CPU's to the bit. */
 static bool mv_is_q8(lm_dtype type, int64_t rows, int64_t cols) {
     const char *e = getenv("LUMEN_CUDA_MVQ");
-    return (type == LM_DTYPE_Q4_K || type == LM_DTYPE_Q6_K) && cols % 256 == 0 && cols <= 4096 && rows >= 4096 &&
-           !(e && strcmp(e, "0") == 0);
+    const int64_t min_rows = type == LM_DTYPE_Q4_K ? 4096 : type == LM_DTYPE_Q6_K ? 32768 : INT64_MAX;
+    return cols % 256 == 0 && cols <= 4096 && rows >= min_rows && !(e && strcmp(e, "0") == 0);
 }
 
 static float frand(void) { return (float)(tiny_rng(&g_rng) >> 40) / (float)(1u << 24) * 2.0f - 1.0f; }
@@ -433,7 +433,7 @@ static void test_matmul(void) {
     test_matmul_many(LM_DTYPE_BF16, true);
     static const int64_t ns_mv[] = {1, 2, 3, 4};
     test_matmul_type(LM_DTYPE_Q4_K, 4100, 1536, ns_mv, 4); /* the 8-bit kernel (mv_is_q8) */
-    test_matmul_type(LM_DTYPE_Q6_K, 4096, 512, ns_mv, 4);
+    test_matmul_type(LM_DTYPE_Q6_K, 32768, 512, ns_mv, 4);
     test_matmul_swiglu(LM_DTYPE_Q4_K, 1536, false, 4100); /* gate and up in one 8-bit launch */
     if (getenv("LUMEN_TEST_OPS_QUICK")) return; /* under compute-sanitizer */
     test_matmul_swiglu(LM_DTYPE_Q4_K, 4096, true, 72); /* decoded whole */

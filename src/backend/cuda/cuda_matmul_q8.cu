@@ -8,8 +8,8 @@
  * 10.8 us vs 8.9, 0.72 TB/s of its bytes; the Q6_K head 176 us vs 110), so a Q4_K_M
  * model decoded slower than bf16. Here four weights and four activations multiply in
  * one dp4a, and the scales apply once per 16 or 32 elements. It takes products of
- * many rows over inputs of up to 4,096 (gate/up, the output head); the others stay
- * on the f32 kernel, faster there (MVQ_MIN_ROWS).
+ * many rows over inputs of up to 4,096 (Q4_K gate/up, the output head); the others
+ * stay on the f32 kernel, faster there (MVQ_MIN_ROWS_*).
  *
  * The arithmetic is the CPU's, bit for bit (cpu_q8.h): each token's row quantized
  * per 256 values (PER256: d = max / -127, max the signed value of largest magnitude,
@@ -35,11 +35,13 @@ enum {
     MVQ_THREADS = 128,
     /* The shapes it takes (lm_cuda_mvq_supports): its quantization and float steps add
      * latency that only many rows repay. On the H200 at batch 1 (bench_cuda_matvec, us
-     * a call, the first form of this kernel vs the f32 one): Q4_K 8960x1536 9.8 vs
-     * 10.8, head 151936x1536 113 vs 156 (Q6_K 103 vs 176); but 1536x1536 5.9 vs 3.7,
-     * 256x1536 4.5 vs 3.2, and 1536x8960 17.5 vs 11.1 (each block quantizes the whole
-     * 8960-wide input). */
-    MVQ_MIN_ROWS = 4096,
+     * a call, this kernel vs the f32 one): Q4_K 8960x1536 8.2 vs 10.8, the head
+     * 151936x1536 56.6 vs 156; Q6_K head 112 vs 176, but Q6_K 8960x1536 13.8 vs 11.9
+     * (its codes sit at 2-byte alignment: five loads for each 16 bytes). The first
+     * form of this kernel took 1536x1536 in 5.9 vs 3.7, 256x1536 in 4.5 vs 3.2, and
+     * 1536x8960 in 17.5 vs 11.1 (each block quantizes the whole 8960-wide input). */
+    MVQ_MIN_ROWS_Q4_K = 4096,
+    MVQ_MIN_ROWS_Q6_K = 32768,
     MVQ_MAX_COLS_TAKEN = 4096,
     MVQ_THREADS_WANTED = 132 * 16 * 32, /* an H200's SMs times 16 warps: lanes per row */
 };
@@ -303,8 +305,11 @@ __global__ void __launch_bounds__(MVQ_THREADS)
 }
 
 bool lm_cuda_mvq_supports(const lm_cuda_backend *cu, const lm_weight *w) {
-    return cu->mvq && (w->type == LM_DTYPE_Q4_K || w->type == LM_DTYPE_Q6_K) && w->cols % 256 == 0 &&
-           w->cols <= MVQ_MAX_COLS_TAKEN && w->rows >= MVQ_MIN_ROWS && w->rows <= INT32_MAX / 8;
+    int64_t min_rows = INT64_MAX;
+    if (w->type == LM_DTYPE_Q4_K) min_rows = MVQ_MIN_ROWS_Q4_K;
+    if (w->type == LM_DTYPE_Q6_K) min_rows = MVQ_MIN_ROWS_Q6_K;
+    return cu->mvq && w->cols % 256 == 0 && w->cols <= MVQ_MAX_COLS_TAKEN && w->rows >= min_rows &&
+           w->rows <= INT32_MAX / 8;
 }
 
 /* lanes a row: the fewest (1, 2, 4) that give the GPU MVQ_THREADS_WANTED threads */
