@@ -392,8 +392,9 @@ void lm_stats_update_rates(lm_stats *stats);
  * or not. On a GPU, batches of more than a few tokens take faster paths that round
  * differently (bf16 activations; about 1e-3 relative), so greedy continuations can
  * change (3 of 32 prompts within 16 tokens, measured); LUMEN_CUDA_MV_MAX_N=1000000000
- * in the environment keeps every product exact and the outputs identical, at a
- * prefill cost.
+ * in the environment keeps the outputs identical, at a prefill cost (every product
+ * exact f32, except large Q4_K and Q6_K matrices, which take the CPU's 8-bit
+ * arithmetic as the CPU does; LUMEN_CUDA_MVQ=0 makes those f32 too).
  *
  * Every function may be called from any thread, except lm_engine_close (once, by
  * the owner, when no other thread uses the handle any more). */
