@@ -43,7 +43,7 @@ enum {
     MVQ_MIN_ROWS_Q4_K = 4096,
     MVQ_MIN_ROWS_Q6_K = 32768,
     MVQ_MAX_COLS_TAKEN = 4096,
-    MVQ_THREADS_WANTED = 132 * 16 * 32, /* an H200's SMs times 16 warps: lanes per row */
+    MVQ_WARPS_WANTED = 16, /* per SM: how many lanes a row gets (mvq_lanes_per_row) */
 };
 
 /* Shared memory of a block: codes [NT][cols], scales [NT][nsb], sums of 16 codes
@@ -171,7 +171,6 @@ __device__ __forceinline__ void mvq_ld16_a2(const uint8_t *p, uint32_t w[4]) {
  * values r = rr + 32k + i (k 0..3), from ql bytes rr.. and rr + 32.. and qh bytes
  * rr.. of the half. */
 struct mvq_q6k {
-    static constexpr int pieces = 4, sb_bytes = 210;
     uint32_t la[4], lb[4], hq[4];
     int8_t sc[4];
     uint16_t dh;
@@ -184,7 +183,8 @@ struct mvq_q6k {
         for (int k = 0; k < 4; k++) sc[k] = (int8_t)__ldg(sb + 192 + 8 * half + (rr >> 4) + 2 * k);
         dh = __ldg((const unsigned short *)(sb + 208));
     }
-    __device__ __forceinline__ void sums(int p, const int8_t *q, const int *s16, int *S, int *M) const {
+    /* S of this piece for one token's codes q (the super-block's 256) */
+    __device__ __forceinline__ int sums(int p, const int8_t *q, const int *s16) const {
         const int half = p >> 1, rr = 16 * (p & 1);
         int s = 0;
 #pragma unroll
@@ -200,11 +200,9 @@ struct mvq_q6k {
             }
             s += (int)sc[k] * (dot - 32 * s16[e0 >> 4]);
         }
-        *S = s;
-        *M = 0;
+        return s;
     }
     __device__ __forceinline__ float d() const { return __half2float(__ushort_as_half(dh)); }
-    __device__ __forceinline__ float dmin() const { return 0.0f; }
 };
 
 /* Q6_K: the super-block's four pieces, every load in flight before the sums (one
@@ -219,11 +217,8 @@ __device__ __forceinline__ void mvq_q6k_sb(const uint8_t *sb, const int8_t *q, c
     for (int t = 0; t < NT; t++) {
         S[t] = 0, M[t] = 0;
 #pragma unroll
-        for (int p = 0; p < 4; p++) {
-            int s = 0, m = 0;
-            if (t < nt) f[p].sums(p, q + t * cols, s16 + t * (cols / 16), &s, &m);
-            S[t] += s;
-        }
+        for (int p = 0; p < 4; p++)
+            if (t < nt) S[t] += f[p].sums(p, q + t * cols, s16 + t * (cols / 16));
     }
     *d = f[0].d(), *dmin = 0.0f;
 }
@@ -312,16 +307,16 @@ bool lm_cuda_mvq_supports(const lm_cuda_backend *cu, const lm_weight *w) {
            w->rows <= INT32_MAX / 8;
 }
 
-/* lanes a row: the fewest (1, 2, 4) that give the GPU MVQ_THREADS_WANTED threads */
-static int mvq_lanes_per_row(int64_t rows_all) {
+/* lanes a row: the fewest (1, 2, 4) that give every SM MVQ_WARPS_WANTED warps */
+static int mvq_lanes_per_row(int64_t rows_all, int n_sm) {
     int L = 1;
-    while (L < 4 && rows_all * L < MVQ_THREADS_WANTED) L *= 2;
+    while (L < 4 && rows_all * L < (int64_t)n_sm * MVQ_WARPS_WANTED * 32) L *= 2;
     return L;
 }
 
 template <int T, bool SWIGLU>
 static void mvq_launch(lm_cuda_backend *cu, const mv_set &set, int64_t cols, const float *x, int64_t n) {
-    const int rows_all = set.end[set.n_w - 1], L = mvq_lanes_per_row(rows_all), rpb = MVQ_THREADS / L;
+    const int rows_all = set.end[set.n_w - 1], L = mvq_lanes_per_row(rows_all, cu->n_sm), rpb = MVQ_THREADS / L;
     const int nt = n == 1 ? 1 : n == 2 ? 2 : 4;
     const size_t smem = (size_t)mvq_layout_of(nt, (int)cols).bytes;
     for (int64_t g0 = 0; g0 < n; g0 += (int64_t)nt * 65535) {
