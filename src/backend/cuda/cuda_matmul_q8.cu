@@ -153,74 +153,52 @@ __device__ __forceinline__ void mvq_q4k_sb(const uint8_t *sb, const int8_t *q, c
     *dmin = __half2float(__ushort_as_half((unsigned short)(h.x >> 16)));
 }
 
-/* 16 bytes at p, any even address: five aligned words, funnel-shifted */
-__device__ __forceinline__ void mvq_ld16_a2(const uint8_t *p, uint32_t w[4]) {
-    const uint32_t *a = (const uint32_t *)((uintptr_t)p & ~(uintptr_t)3);
-    const uint32_t sh = ((uint32_t)(uintptr_t)p & 3u) * 8u;
-    uint32_t r[5];
-#pragma unroll
-    for (int i = 0; i < 5; i++) r[i] = __ldg(a + i);
-#pragma unroll
-    for (int i = 0; i < 4; i++) w[i] = __funnelshift_r(r[i], r[i + 1], sh);
-}
-
-/* Q6_K super-block (210 bytes, rows at even addresses): ql[128], qh[64], 16 int8
- * scales, d (f16). Value e: half e / 128, r = e % 128; low 4 bits from ql[64 half +
- * r % 64] (high nibble when r >= 64), high 2 bits from qh[32 half + r % 32] >> 2 (r /
- * 32); scale e / 16. Piece p (0..3): half p / 2, rr = 16 (p % 2): the four runs of 16
- * values r = rr + 32k + i (k 0..3), from ql bytes rr.. and rr + 32.. and qh bytes
- * rr.. of the half. */
-struct mvq_q6k {
-    uint32_t la[4], lb[4], hq[4];
-    int8_t sc[4];
-    uint16_t dh;
-    __device__ __forceinline__ void load(const uint8_t *sb, int p) {
-        const int half = p >> 1, rr = 16 * (p & 1);
-        mvq_ld16_a2(sb + 64 * half + rr, la);
-        mvq_ld16_a2(sb + 64 * half + rr + 32, lb);
-        mvq_ld16_a2(sb + 128 + 32 * half + rr, hq);
-#pragma unroll
-        for (int k = 0; k < 4; k++) sc[k] = (int8_t)__ldg(sb + 192 + 8 * half + (rr >> 4) + 2 * k);
-        dh = __ldg((const unsigned short *)(sb + 208));
-    }
-    /* S of this piece for one token's codes q (the super-block's 256) */
-    __device__ __forceinline__ int sums(int p, const int8_t *q, const int *s16) const {
-        const int half = p >> 1, rr = 16 * (p & 1);
-        int s = 0;
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const int r0 = rr + 32 * k, e0 = 128 * half + r0; /* the run's first value */
-            const int *qa = (const int *)(q + e0);
-            int dot = 0;
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const uint32_t l = ((k & 1) ? lb[i] : la[i]) >> (k >= 2 ? 4 : 0);
-                const uint32_t c = (l & 0x0f0f0f0fu) | (((hq[i] >> (2 * k)) & 0x03030303u) << 4);
-                dot = __dp4a((int)c, qa[i], dot);
-            }
-            s += (int)sc[k] * (dot - 32 * s16[e0 >> 4]);
-        }
-        return s;
-    }
-    __device__ __forceinline__ float d() const { return __half2float(__ushort_as_half(dh)); }
-};
-
-/* Q6_K: the super-block's four pieces, every load in flight before the sums (one
- * piece at a time was four trips to memory a super-block) */
+/* Q6_K (210 bytes at an even address): ql[128], qh[64], 16 int8 scales, d (f16).
+ * Value e: half e / 128, r = e % 128; low 4 bits from ql[64 half + r % 64] (high
+ * nibble when r >= 64), high 2 bits from qh[32 half + r % 32] >> 2 (r / 32); scale e /
+ * 16. The codes and scales as aligned words, 52 or 53 loads in flight at once (16-byte
+ * pieces of five loads each took 80), a 32-bit value at offset o (a multiple of 4,
+ * below 208) the two words around it funnel-shifted; d a load of its own. */
 template <int NT>
 __device__ __forceinline__ void mvq_q6k_sb(const uint8_t *sb, const int8_t *q, const int *s16, int cols, int nt,
                                            int S[NT], int M[NT], float *d, float *dmin) {
-    mvq_q6k f[4];
+    const uint32_t *a = (const uint32_t *)((uintptr_t)sb & ~(uintptr_t)3);
+    const uint32_t sh = ((uint32_t)(uintptr_t)sb & 3u) * 8u;
+    uint32_t w[53];
 #pragma unroll
-    for (int p = 0; p < 4; p++) f[p].load(sb, p);
+    for (int i = 0; i < 52; i++) w[i] = __ldg(a + i);
+    w[52] = sh ? __ldg(a + 52) : 0u; /* past the super-block when it starts aligned */
+#define MVQ_Q6K_AT(o) __funnelshift_r(w[(o) / 4], w[(o) / 4 + 1], sh)
 #pragma unroll
-    for (int t = 0; t < NT; t++) {
-        S[t] = 0, M[t] = 0;
+    for (int t = 0; t < NT; t++) S[t] = 0, M[t] = 0;
 #pragma unroll
-        for (int p = 0; p < 4; p++)
-            if (t < nt) S[t] += f[p].sums(p, q + t * cols, s16 + t * (cols / 16));
+    for (int p = 0; p < 4; p++) {
+        const int half = p >> 1, rr = 16 * (p & 1);
+        const uint32_t scw0 = MVQ_Q6K_AT(192 + 8 * half), scw1 = MVQ_Q6K_AT(196 + 8 * half);
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const int r0 = rr + 32 * k, e0 = 128 * half + r0, si = (rr >> 4) + 2 * k; /* the run, its scale */
+            const int sc = (int)(int8_t)(((si < 4 ? scw0 : scw1) >> (8 * (si & 3))) & 0xffu);
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                if (t >= nt) continue;
+                const int *qa = (const int *)(q + t * cols + e0);
+                int dot = 0;
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const uint32_t l = MVQ_Q6K_AT(64 * half + rr + 32 * (k & 1) + 4 * i) >> (k >= 2 ? 4 : 0);
+                    const uint32_t c = (l & 0x0f0f0f0fu) | (((MVQ_Q6K_AT(128 + 32 * half + rr + 4 * i) >> (2 * k)) &
+                                                             0x03030303u)
+                                                            << 4);
+                    dot = __dp4a((int)c, qa[i], dot);
+                }
+                S[t] += sc * (dot - 32 * s16[t * (cols / 16) + (e0 >> 4)]);
+            }
+        }
     }
-    *d = f[0].d(), *dmin = 0.0f;
+    *d = __half2float(__ushort_as_half(__ldg((const unsigned short *)(sb + 208))));
+    *dmin = 0.0f;
+#undef MVQ_Q6K_AT
 }
 
 /* L lanes a row (a power of two up to 4); SWIGLU: the set is (gate, up) with rows
