@@ -1,7 +1,6 @@
 /* Decode attention on the tensor cores (mma.sync m16n8k16, f16 inputs, f32
- * accumulation) for decode batches of more than tc_max_n tokens (no token continues
- * the one before it in its sequence; prompt chunks go to cuda_attention_tc.cu or the
- * scalar kernel).
+ * accumulation) for decode batches (no token continues the one before it in its
+ * sequence; prompt chunks go to cuda_attention_tc.cu or the scalar kernel).
  *
  * A block takes one (token, KV head, split): the query heads sharing that KV head are
  * the rows of the products (up to 16; rows past the group are zeros, computed and
@@ -16,8 +15,12 @@
  * last to finish merges them in split order (merge_if_last), so a long context at
  * batch 1 still spreads over the GPU. (The scalar kernel took 16 us a layer at 64
  * sequences of ~200 positions and 40 us at 256 on the H200, bound by its instructions;
- * this one 11.5 us at 64. At 1 and 8 sequences it was slower than the scalar kernel:
- * 593 vs 605 and 3,301 vs 3,368 tokens/s, so small batches keep that one. Shorter
+ * this one 11.5 us at 64. At 1 and 8 sequences it measured slower than the scalar
+ * kernel in the third session (593 vs 605 and 3,301 vs 3,368 tokens/s) and faster in
+ * the eleventh (H200, 1.5B-shaped, one call: batch 1 586-588 -> 599-601 tokens/s
+ * Q4_K_M, 613 -> 627-632 bf16; batch 8 bf16 3,459 -> 3,548-3,556), so every decode
+ * batch takes it (at batch 1 with the qkv_finish in its blocks as well, since the
+ * matrix-vector path leaves Q/K/V packed: cuda_matmul.cu, mv_packed_qkv). Shorter
  * splits, more blocks for a batch's ~200-position contexts, measured slower: splits
  * of 4 / 8 / 16 KV blocks gave 24,902 / 26,008 / 27,412 tokens/s at 64 sequences and
  * 56,640 / 60,353 / 68,309 at 256, the merges costing more than the parallelism
@@ -34,12 +37,13 @@
  * a token's result never depends on the batch around it, within each warp count (the
  * count follows the batch's size, as the GEMM chunks do). The softmax weights go through the
  * products as two f16 parts (tc_softmax_block's P32), so the result differs from the
- * scalar kernel's f32 weights by summation order only. It serves decode batches of
- * more than tc_max_n tokens, the size from which the products change path too
- * (cuda_matmul.cu); LUMEN_CUDA_ATTN_DEC sets the size (0: never). Serving the engine's
- * mixed batches of prompt chunks and decode steps as well, it moved which of the real
- * SmolLM2's 32 prompts generated together differ from alone (golden_engine): 4-5 of
- * 32 at top-two gaps up to 0.063 (with the weights in f16 or as two parts alike),
+ * scalar kernel's f32 weights by summation order only. It serves decode batches from
+ * one token (not in the all-matrix-vector configuration, whose decode steps must
+ * equal its prompts to the bit); LUMEN_CUDA_ATTN_DEC sets the smallest (0: never).
+ * Serving the engine's mixed batches of prompt chunks and decode steps as well, it
+ * moved which of the real SmolLM2's 32 prompts generated together differ from alone
+ * (golden_engine): 4-5 of 32 at top-two gaps up to 0.063 (with the weights in f16
+ * or as two parts alike),
  * against 2-3 at up to 0.045 with the scalar kernel there, over the 0.05 bound; so
  * those batches keep the scalar kernel. F16 caches of block size 16, head sizes 64
  * and 128, up to 16 query heads per KV head. */

@@ -695,9 +695,12 @@ extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
     const char *chunk = getenv("LUMEN_CUDA_GEMM_CHUNK"); /* the smallest GEMM width (cuda_matmul.cu) */
     cu->gemm_chunk = chunk && atoll(chunk) >= 16 && atoll(chunk) <= 4096 ? atoll(chunk) / 16 * 16 : 64;
     /* LUMEN_CUDA_ATTN_DEC: the tensor-core decode attention from this many tokens
-     * (0: never; default: above both product thresholds, cuda_attention_dec.cu) */
+     * (0: never; default: every decode batch, cuda_attention_dec.cu; but when the
+     * matrix-vector path serves more tokens than the tensor-core one, as in the bit
+     * batch-invariant configuration LUMEN_CUDA_MV_MAX_N=1e9, only above that: a decode
+     * step then attends as the prompt's tokens do, in the scalar kernel) */
     const char *dec = getenv("LUMEN_CUDA_ATTN_DEC");
-    const int64_t dec_default = (cu->tc_max_n > cu->mv_max_n ? cu->tc_max_n : cu->mv_max_n) + 1;
+    const int64_t dec_default = cu->mv_max_n > cu->tc_max_n ? cu->mv_max_n + 1 : 1;
     cu->attn_dec_min_n = dec && dec[0] ? (atoll(dec) > 0 ? atoll(dec) : INT64_MAX) : dec_default;
     /* LUMEN_CUDA_ATTN_DEC_WARPS=4 or 8: that kernel's warps a block (default: by the
      * batch's size, lm_cuda_attention_dec) */

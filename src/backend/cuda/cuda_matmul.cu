@@ -15,10 +15,9 @@
  *    long), the weight decoded on the fly eight elements per lane (deq8), f32 fused
  *    multiply-adds against up to 8 tokens at once while the decoded weights sit in
  *    registers. Exact f32 arithmetic on the exactly decoded weights, except Q4_K
- *    weights of 4,096+ rows and Q6_K of 32,768+ (gate/up, the output head) over at
- *    most 4,096 columns: those take cuda_matmul_q8.cu, the CPU's 8-bit arithmetic to
- *    the bit (x1 on the H200, Q4_K_M 1.5B: 582 vs 481 tokens/s; LUMEN_CUDA_MVQ=0
- *    keeps them here). A token's result never depends on the other tokens: each has
+ *    and Q6_K weights over at most 4,096 columns: those take cuda_matmul_q8.cu, the
+ *    CPU's 8-bit arithmetic to the bit (x1 on the H200, Q4_K_M 1.5B: 582 vs 481
+ *    tokens/s with gate/up and the head there; LUMEN_CUDA_MVQ=0 keeps them here). A token's result never depends on the other tokens: each has
  *    its own accumulator and the same summation order (lane partials in k order, a
  *    fixed butterfly, then the row's warps in index order), whatever the group it is
  *    computed in. LUMEN_CUDA_MV_MAX_N=1000000000 sends every product here: every
@@ -560,6 +559,25 @@ extern "C" lm_status lm_cuda_matmul(lm_backend *b, const lm_weight *w, const flo
     return lm_cuda_recorded_pass(cu) ? LM_OK : lm_cuda_take_error(cu);
 }
 
+/* Q/K/V of one token on the matrix-vector path: their outputs side by side in the
+ * YPACK scratch (ys[0..3)), as the GEMM path's packed product leaves them
+ * (packed_run), so a qkv_finish right after reads them in place or leaves itself to
+ * the decode attention (cuda_qkv_finish.cu): at batch 1 one launch and one trip
+ * through memory fewer. One token only: the kernels write token t of weight k at
+ * y[k] + t * rows[k], the packed layout only for t = 0. */
+static bool mv_packed_qkv(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, int64_t n, float *ys[3]) {
+    if (n != 1 || n_w != 3 || !cu->fused) return false;
+    int64_t rows_all = 0;
+    for (int k = 0; k < 3; k++) {
+        if (path_of(cu, w[k], n) != PATH_MV || w[k]->rows % 4 != 0) return false; /* the split's float4 copies */
+        rows_all += w[k]->rows;
+    }
+    float *p = (float *)lm_cuda_scratch(cu, LM_CUDA_SCR_YPACK, (size_t)rows_all * 4);
+    if (!p) return false;
+    ys[0] = p, ys[1] = p + w[0]->rows, ys[2] = ys[1] + w[1]->rows;
+    return true;
+}
+
 extern "C" lm_status lm_cuda_matmul_many(lm_backend *b, const lm_weight *const *w, int n_w, const float *x, int64_t n,
                                          float *const *y) {
     lm_cuda_backend *cu = lm_cuda(b);
@@ -573,6 +591,8 @@ extern "C" lm_status lm_cuda_matmul_many(lm_backend *b, const lm_weight *const *
         packed_run(cu, w, n_w, x, n, y, NULL);
         return lm_cuda_recorded_pass(cu) ? LM_OK : lm_cuda_take_error(cu);
     }
+    float *const *y_out = y, *y_packed[3];
+    if (mv_packed_qkv(cu, w, n_w, n, y_packed)) y = y_packed;
     /* one launch per run of consecutive weights of one format (Q/K in Q4_K and V in
      * Q6_K make two); on the GEMM path the activations are rounded once for every
      * weight of the same kind (F32 weights take them in f32) */
@@ -595,6 +615,11 @@ extern "C" lm_status lm_cuda_matmul_many(lm_backend *b, const lm_weight *const *
             break;
         }
         i = j;
+    }
+    if (y != y_out && !cu->err) {
+        cu->qkv_pending.ys = y[0];
+        cu->qkv_pending.n = n;
+        for (int k = 0; k < 3; k++) cu->qkv_pending.y[k] = y_out[k], cu->qkv_pending.rows[k] = (int)w[k]->rows;
     }
     return lm_cuda_recorded_pass(cu) ? LM_OK : lm_cuda_take_error(cu);
 }

@@ -8,8 +8,8 @@
  * 10.8 us vs 8.9, 0.72 TB/s of its bytes; the Q6_K head 176 us vs 110), so a Q4_K_M
  * model decoded slower than bf16. Here four weights and four activations multiply in
  * one dp4a, and the scales apply once per 16 or 32 elements. It takes products of
- * many rows over inputs of up to 4,096 (Q4_K gate/up, the output head); the others
- * stay on the f32 kernel, faster there (MVQ_MIN_ROWS_*).
+ * any rows over inputs of up to 4,096 (all but the down projections of a 1.5B
+ * model); the others stay on the f32 kernel (MVQ_MAX_COLS_TAKEN).
  *
  * The arithmetic is the CPU's, bit for bit (cpu_q8.h): each token's row quantized
  * per 256 values (PER256: d = max / -127, max the signed value of largest magnitude,
@@ -22,7 +22,7 @@
  * nothing else in the batch.
  *
  * A block quantizes its tokens' rows into shared memory itself (8 lanes per 256
- * values), then each row goes to L adjacent lanes (1, 2 or 4: enough threads for
+ * values), then each row goes to L adjacent lanes (1, 2, 4 or 8: enough threads for
  * the GPU, mvq_lanes_per_row): lane j takes super-blocks j, j + L, ... whole, with
  * every load of one in flight, and after each round of L the row's first lane takes
  * their sums by shuffles and runs the float steps in super-block order. (A first
@@ -33,16 +33,15 @@
 
 enum {
     MVQ_THREADS = 128,
-    /* The shapes it takes (lm_cuda_mvq_supports): its quantization and float steps add
-     * latency that only many rows repay. On the H200 at batch 1 (bench_cuda_matvec, us
-     * a call, this kernel vs the f32 one): Q4_K 8960x1536 8.2 vs 10.8, the head
-     * 151936x1536 56.6 vs 156; Q6_K head 112 vs 176, but Q6_K 8960x1536 13.8 vs 11.9
-     * (its codes sit at 2-byte alignment: five loads for each 16 bytes). The first
-     * form of this kernel took 1536x1536 in 5.9 vs 3.7, 256x1536 in 4.5 vs 3.2, and
-     * 1536x8960 in 17.5 vs 11.1 (each block quantizes the whole 8960-wide input). */
-    MVQ_MIN_ROWS_Q4_K = 4096,
-    MVQ_MIN_ROWS_Q6_K = 32768,
+    /* The shapes it takes (lm_cuda_mvq_supports): inputs of up to 4,096 values, which
+     * every block quantizes itself (the first form of this kernel took 1536x8960 in
+     * 17.5 us against the f32 kernel's 11.1, bench_cuda_matvec on the H200). Any row
+     * count: from the tenth session to the eleventh it took only Q4_K of 4,096+ rows
+     * and Q6_K of 32,768+; Q/K/V and O here too, with up to 8 lanes a row, measured
+     * faster at batch 1 (H200, Q4_K_M 1.5B-shaped, one call: 577-578 -> 598-599
+     * tokens/s; 4 lanes at most: 577). */
     MVQ_MAX_COLS_TAKEN = 4096,
+    MVQ_MAX_LANES = 8,
     MVQ_WARPS_WANTED = 16, /* per SM: how many lanes a row gets (mvq_lanes_per_row) */
 };
 
@@ -201,7 +200,7 @@ __device__ __forceinline__ void mvq_q6k_sb(const uint8_t *sb, const int8_t *q, c
 #undef MVQ_Q6K_AT
 }
 
-/* L lanes a row (a power of two up to 4); SWIGLU: the set is (gate, up) with rows
+/* L lanes a row (a power of two up to 8); SWIGLU: the set is (gate, up) with rows
  * interleaved (gate r at 2r, up r at 2r + 1), y[0] = silu(gate) * up. */
 template <int T, int NT, bool SWIGLU>
 __global__ void __launch_bounds__(MVQ_THREADS)
@@ -278,17 +277,14 @@ __global__ void __launch_bounds__(MVQ_THREADS)
 }
 
 bool lm_cuda_mvq_supports(const lm_cuda_backend *cu, const lm_weight *w) {
-    int64_t min_rows = INT64_MAX;
-    if (w->type == LM_DTYPE_Q4_K) min_rows = MVQ_MIN_ROWS_Q4_K;
-    if (w->type == LM_DTYPE_Q6_K) min_rows = MVQ_MIN_ROWS_Q6_K;
-    return cu->mvq && w->cols % 256 == 0 && w->cols <= MVQ_MAX_COLS_TAKEN && w->rows >= min_rows &&
-           w->rows <= INT32_MAX / 8;
+    return cu->mvq && (w->type == LM_DTYPE_Q4_K || w->type == LM_DTYPE_Q6_K) && w->cols % 256 == 0 &&
+           w->cols <= MVQ_MAX_COLS_TAKEN && w->rows <= INT32_MAX / 8;
 }
 
-/* lanes a row: the fewest (1, 2, 4) that give every SM MVQ_WARPS_WANTED warps */
+/* lanes a row: the fewest (1, 2, 4, 8) that give every SM MVQ_WARPS_WANTED warps */
 static int mvq_lanes_per_row(int64_t rows_all, int n_sm) {
     int L = 1;
-    while (L < 4 && rows_all * L < (int64_t)n_sm * MVQ_WARPS_WANTED * 32) L *= 2;
+    while (L < MVQ_MAX_LANES && rows_all * L < (int64_t)n_sm * MVQ_WARPS_WANTED * 32) L *= 2;
     return L;
 }
 
