@@ -39,10 +39,19 @@ enum {
      * count: from the tenth session to the eleventh it took only Q4_K of 4,096+ rows
      * and Q6_K of 32,768+; Q/K/V and O here too, with up to 8 lanes a row, measured
      * faster at batch 1 (H200, Q4_K_M 1.5B-shaped, one call: 577-578 -> 598-599
-     * tokens/s; 4 lanes at most: 577). */
+     * tokens/s; 4 lanes at most: 577). The down projections' 8,960-wide inputs
+     * quantized once a launch instead, by its first blocks to start (by ticket; the
+     * others waiting on a counter, then copying the codes into shared memory), with up
+     * to 32 lanes a row: bit-equal, but slower (535 vs 640 tokens/s at batch 1, 898 vs
+     * 1,360 at 4; eleventh session); dropped. */
     MVQ_MAX_COLS_TAKEN = 4096,
     MVQ_MAX_LANES = 8,
-    MVQ_WARPS_WANTED = 16, /* per SM: how many lanes a row gets (mvq_lanes_per_row) */
+    /* per SM: how many lanes a row gets (mvq_lanes_per_row). Fewer lanes, more rows a
+     * warp, measured faster for the large products (H200, Q4_K_M 1.5B-shaped, one
+     * call): 16 gave gate/up 4 lanes a row, 641-643 tokens/s at batch 1 and 1,357-1,363
+     * at 4; 8 gives them 2: 657-662 and 1,507-1,520 (8 lanes for gate/up: 585-587; the
+     * head at 2 lanes instead of 1: no change). The small products keep 8. */
+    MVQ_WARPS_WANTED = 8,
 };
 
 /* Shared memory of a block: codes [NT][cols], scales [NT][nsb], sums of 16 codes
