@@ -58,9 +58,9 @@ static int matmul_path(lm_dtype type, int64_t cols, int64_t n) {
 }
 static char g_dir[256];
 
-/* The matrix-vector path's products of Q4_K weights of at least 4,096 rows and Q6_K
- * of at least 32,768, over at most 4,096 columns, run the CPU's 8-bit arithmetic
- * (cuda_matmul_q8.cu) unless LUMEN_CUDA_MVQ=0: then they equal the CPU's to the bit. */
+/* The matrix-vector path's products of Q4_K and Q6_K weights over at most 4,096
+ * columns run the CPU's 8-bit arithmetic (cuda_matmul_q8.cu) unless LUMEN_CUDA_MVQ=0:
+ * then they equal the CPU's to the bit. */
 static bool mv_is_q8(lm_dtype type, int64_t rows, int64_t cols) {
     const char *e = getenv("LUMEN_CUDA_MVQ");
     (void)rows;
