@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
-# One call on the GPU machine: where the persistent decode kernel's warps stall, line by
-# line (Nsight Compute's warp-state sampling), 2-3 minutes:
+# One call on the GPU machine: where a kernel's warps stall, line by line (Nsight
+# Compute's warp-state sampling), 2-3 minutes. By default the persistent decode kernel:
 #
 #   run(command="bash bench/cuda_decode_step_ncu.sh", carry=[".deps"])
 #
-# Builds with -lineinfo (its own build folder), profiles one decode_step launch of
-# batch-1 decode on the Qwen2.5-1.5B-shaped bf16 folder (LUMEN_CUDA_DECODE_STEP=1) with
-# the WarpStateStats, SourceCounters and SpeedOfLight sections, and prints the stall
-# reasons over the kernel and the source lines of src/backend/cuda/cuda_decode_step.cu
-# that hold the most samples. The report and the page dumps go to $OUT.
+# Builds with -lineinfo (its own build folder), profiles one launch during batch-1
+# decode on a Qwen2.5-1.5B-shaped model with the WarpStateStats, SourceCounters and
+# SpeedOfLight sections, and prints the stall reasons over the kernel and the source
+# lines that hold the most samples. The report and the page dumps go to $OUT.
+# Environment (any other kernel of the op-by-op step):
+#   LUMEN_NCU_KERNEL  Nsight Compute's kernel filter (default regex:decode_step, run
+#                     with LUMEN_CUDA_DECODE_STEP=1); e.g. regex:mv_kernel with the
+#                     GGUF: the down projections, the only f32 products left there
+#   LUMEN_NCU_MODEL   hf (the bf16 folder, default) or gguf (the Q4_K_M-like file)
+#   LUMEN_NCU_SKIP    launches of that kernel skipped first (default 4: past warm-up)
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${OUT:-$ROOT/cuda-run-out}"
@@ -20,9 +25,15 @@ LUMEN_CUDA_FLAGS=-lineinfo lumen_cuda_build lumen_cli bench_make_model || exit 2
 lumen_bench_models
 NCU="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2> /dev/null | head -1)"
 [ -n "$NCU" ] || { echo "no ncu"; exit 2; }
-LUMEN_CUDA_DECODE_STEP=1 timeout 300 "$NCU" --kernel-name regex:decode_step --launch-skip 4 --launch-count 1 \
-  --section WarpStateStats --section SourceCounters --section SpeedOfLight --import-source yes -f -o "$OUT/ds" \
-  "$BUILD/lumen" bench "$HF" --backend cuda -p 0 -n 8 -r 1 --parallel 1 --parallel-prompt 128 > "$OUT/ncu.log" 2>&1
+KERNEL="${LUMEN_NCU_KERNEL:-regex:decode_step}"
+MODEL="$HF"
+[ "${LUMEN_NCU_MODEL:-hf}" = gguf ] && MODEL="$GGUF"
+STEP=0
+[ "$KERNEL" = regex:decode_step ] && STEP=1
+LUMEN_CUDA_DECODE_STEP=$STEP timeout 300 "$NCU" --kernel-name "$KERNEL" --launch-skip "${LUMEN_NCU_SKIP:-4}" \
+  --launch-count 1 --section WarpStateStats --section SourceCounters --section SpeedOfLight --import-source yes \
+  -f -o "$OUT/ds" "$BUILD/lumen" bench "$MODEL" --backend cuda -p 0 -n 8 -r 1 --parallel 1 --parallel-prompt 128 \
+  > "$OUT/ncu.log" 2>&1
 echo "ncu status $?"
 tail -3 "$OUT/ncu.log"
 "$NCU" -i "$OUT/ds.ncu-rep" --page details > "$OUT/details.txt" 2>&1
