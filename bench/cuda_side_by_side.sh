@@ -9,7 +9,8 @@
 #       carry=[".deps", ".alt"])
 #
 # On the GPU machine it builds "work" (the working tree) and every .alt/<name>, runs
-# test_backend_ops on the working tree when OPS=1 (OPS_T seconds at most, default 150),
+# test_backend_ops on the working tree when OPS=1, on every tree (side by side) when
+# OPS=all (OPS_T seconds at most, default 150),
 # then each line of RUNS ("tree model sequences [VAR=value ...]", ';'-separated; model
 # GGUF or HF, the Qwen2.5-1.5B-shaped files of cuda_env.sh) REPS times (default 2),
 # alternating, printing the decode tokens/s of `lumen bench MODEL --backend cuda -p 64
@@ -51,10 +52,15 @@ done
 wait
 echo "builds done in $(($(date +%s) - t0))s"
 for n in $NAMES; do echo "$n: $(tail -1 "$OUT/$n/build.txt")"; done
-if [ "${OPS:-0}" = 1 ]; then
-  timeout "${OPS_T:-150}" "$ROOT0/build-cuda-work/tests/test_backend_ops" > "$OUT/ops.log" 2>&1
-  echo "op tests (work): status $?"
-  grep -E 'FAIL|differs|DIFFER|comparisons' "$OUT/ops.log" | head
+if [ "${OPS:-0}" != 0 ]; then
+  trees=work
+  [ "$OPS" = all ] && trees="$NAMES"
+  for n in $trees; do
+    (timeout "${OPS_T:-150}" "$ROOT0/build-cuda-$n/tests/test_backend_ops" > "$OUT/$n/ops.log" 2>&1
+      echo "op tests ($n): status $?") &
+  done
+  wait
+  for n in $trees; do grep -E 'FAIL|differs|DIFFER|comparisons' "$OUT/$n/ops.log" | sed "s/^/$n: /" | head -5; done
 fi
 ROOT="$ROOT0" BUILD="$ROOT0/build-cuda-work"
 lumen_cuda_env > /dev/null || exit 2
