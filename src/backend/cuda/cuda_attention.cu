@@ -1,7 +1,8 @@
 /* Causal attention over the paged KV cache: decode, small batches and recorded
  * passes (prefill runs of 16 positions take the tensor-core kernel,
- * cuda_attention_tc.cu, and decode batches the tensor-core decode kernel, cuda_attention_dec.cu, where it serves the cache; the
- * engine's mixed batches of prompt chunks and decode steps stay here).
+ * cuda_attention_tc.cu, and decode batches the tensor-core decode kernel,
+ * cuda_attention_dec.cu, where it serves the cache; the engine's mixed batches of
+ * prompt chunks and decode steps stay here).
  *
  * A block takes one (token, KV head, chunk of up to ATT_HEADS of the query heads
  * sharing that KV head, split). A split is ATT_SPLIT positions of the token's
@@ -379,9 +380,8 @@ extern "C" lm_status lm_cuda_attention(lm_backend *b, const lm_kv_cache *kv, int
                                        const lm_attn_batch *batch, const float *q, int64_t n_head, int64_t n_head_kv,
                                        int64_t head_dim, int64_t window, float scale, float *out) {
     lm_cuda_backend *cu = lm_cuda(b);
-    /* decode batches take the tensor-core decode kernel
-     * (cuda_attention_dec.cu); the engine's mixed batches of prompt chunks and decode
-     * steps do not */
+    /* decode batches take the tensor-core decode kernel (cuda_attention_dec.cu); the
+     * engine's mixed batches of prompt chunks and decode steps do not */
     const bool dec = batch->n_tokens >= cu->attn_dec_min_n && kv->backend == b && n_head_kv > 0 &&
                      n_head % n_head_kv == 0 && n_head_kv * head_dim == kv->n_embd_kv &&
                      lm_cuda_attention_dec_supports(kv, n_head, n_head_kv, head_dim) &&

@@ -17,13 +17,13 @@
  *    registers. Exact f32 arithmetic on the exactly decoded weights, except Q4_K
  *    and Q6_K weights over at most 4,096 columns: those take cuda_matmul_q8.cu, the
  *    CPU's 8-bit arithmetic to the bit (x1 on the H200, Q4_K_M 1.5B: 582 vs 481
- *    tokens/s with gate/up and the head there; LUMEN_CUDA_MVQ=0 keeps them here). A token's result never depends on the other tokens: each has
- *    its own accumulator and the same summation order (lane partials in k order, a
- *    fixed butterfly, then the row's warps in index order), whatever the group it is
- *    computed in. LUMEN_CUDA_MV_MAX_N=1000000000 sends every product here: every
- *    product exact f32 (with LUMEN_CUDA_MVQ=0 for the 8-bit kernel's), bit
- *    batch-invariant, slower. Requesting a warp's first weights before the
- *    PDL wait (L2 bulk prefetch of its row, or its first four loads into registers;
+ *    tokens/s with gate/up and the head there; LUMEN_CUDA_MVQ=0 keeps them here). A
+ *    token's result never depends on the other tokens: each has its own accumulator
+ *    and the same summation order (lane partials in k order, a fixed butterfly, then
+ *    the row's warps in index order), whatever the group it is computed in.
+ *    LUMEN_CUDA_MV_MAX_N=1000000000 sends every product here: every product exact f32
+ *    (with LUMEN_CUDA_MVQ=0 for the 8-bit kernel's), bit batch-invariant, slower.
+ *    Requesting a warp's first weights before the PDL wait (L2 bulk prefetch of its row, or its first four loads into registers;
  *    the grid then one resident wave striding over the rows), so the stream would
  *    start under the previous kernel, measured slower at batch 1: 571 -> 489-505
  *    tokens/s (the early traffic delays the latency-bound kernel before); dropped.
