@@ -23,10 +23,11 @@
  *    the row's warps in index order), whatever the group it is computed in.
  *    LUMEN_CUDA_MV_MAX_N=1000000000 sends every product here: every product exact f32
  *    (with LUMEN_CUDA_MVQ=0 for the 8-bit kernel's), bit batch-invariant, slower.
- *    Requesting a warp's first weights before the PDL wait (L2 bulk prefetch of its row, or its first four loads into registers;
- *    the grid then one resident wave striding over the rows), so the stream would
- *    start under the previous kernel, measured slower at batch 1: 571 -> 489-505
- *    tokens/s (the early traffic delays the latency-bound kernel before); dropped.
+ *    Requesting a warp's first weights before the PDL wait (L2 bulk prefetch of its
+ *    row, or its first four loads into registers; the grid then one resident wave
+ *    striding over the rows), so the stream would start under the previous kernel,
+ *    measured slower at batch 1: 571 -> 489-505 tokens/s (the early traffic delays
+ *    the latency-bound kernel before); dropped.
  *    A Q4_K kernel giving a lane 32 elements from one 16-byte load of quants (instead
  *    of deq8's five loads for 8) measured the same on a Q4_K_M 1.5B model at batch
  *    1, alternating in one call: 443-444 vs 442-447 tokens/s; dropped (a Q6_K one
