@@ -47,10 +47,11 @@ enum {
     MVQ_MAX_COLS_TAKEN = 4096,
     MVQ_MAX_LANES = 8,
     /* per SM: how many lanes a row gets (mvq_lanes_per_row). Fewer lanes, more rows a
-     * warp, measured faster for the large products (H200, Q4_K_M 1.5B-shaped, one
-     * call): 16 gave gate/up 4 lanes a row, 641-643 tokens/s at batch 1 and 1,357-1,363
-     * at 4; 8 gives them 2: 657-662 and 1,507-1,520 (8 lanes for gate/up: 585-587; the
-     * head at 2 lanes instead of 1: no change). The small products keep 8. */
+     * warp, measured faster for the large products (H200, Q4_K_M 1.5B-shaped): 16
+     * gave gate/up 4 lanes a row, 641-643 tokens/s at batch 1, against 659-661 with 2
+     * in the same call (8 lanes: 585-587; the head at 2 lanes instead of 1: no
+     * change); 8 gives them 2: 657-662 at batch 1 and 1,507-1,520 at 4 (1,357-1,363
+     * with 16, an earlier call). The small products keep 8. */
     MVQ_WARPS_WANTED = 8,
 };
 
