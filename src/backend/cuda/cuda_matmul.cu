@@ -107,8 +107,10 @@ __global__ void __launch_bounds__(MV_THREADS)
         int lr;
         const int k = mv_row_of<SWIGLU>(set, row, &lr);
         const uint8_t *wr = set.W[k] + (size_t)lr * set.row_bytes[k];
-        /* unrolled so several chunks' loads are in flight at once (one at a time
-         * left a 1536-column row latency-bound); the sums keep their order */
+        /* unrolled by 4 so several chunks' loads would be in flight at once (one at a
+         * time left a 1536-column row latency-bound); but in its SASS (Q4_K, BF16) a
+         * chunk's loads still follow the chunk before's multiply-adds, each chunk
+         * behind its own bound check. The sums keep their order. */
 #pragma unroll 4
         for (int c = part * 32 + lane; c < n_chunks; c += wpr * 32) {
             float w[8];
