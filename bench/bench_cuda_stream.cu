@@ -19,6 +19,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "backend/cuda/cuda_bulk.cuh"
+
 #define CK(x)                                                                                   \
     do {                                                                                        \
         cudaError_t e_ = (x);                                                                   \
@@ -29,18 +31,6 @@
     } while (0)
 
 enum { WARPS = 8, THREADS = 32 * (WARPS + 2), MAX_SLOTS = 32 };
-
-__device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ void bar_wait(uint64_t *b, unsigned parity) {
-    uint32_t done;
-    do {
-        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                     : "=r"(done)
-                     : "r"(smem_addr(b)), "r"(parity)
-                     : "memory");
-    } while (!done);
-}
 
 /* grid: one block per SM; block b streams bytes [b * share, (b + 1) * share) */
 __global__ void __launch_bounds__(THREADS, 1)
@@ -53,9 +43,8 @@ __global__ void __launch_bounds__(THREADS, 1)
     if (threadIdx.x == 0) {
         *copied = 0;
         for (int s = 0; s < slots; s++) {
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&full[s])) : "memory");
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(&empty[s])), "r"(WARPS)
-                         : "memory");
+            lm_mbar_init(&full[s], 1);
+            lm_mbar_init(&empty[s], WARPS);
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -65,16 +54,9 @@ __global__ void __launch_bounds__(THREADS, 1)
     if (threadIdx.x == 32 * WARPS) { /* the copies */
         for (unsigned it = 0; it < n; it++) {
             const int s = (int)(it % (unsigned)slots);
-            if (it >= (unsigned)slots) bar_wait(&empty[s], (it / slots - 1) & 1u);
+            if (it >= (unsigned)slots) lm_mbar_wait(&empty[s], (it / slots - 1) & 1u);
             const uint32_t bytes = (uint32_t)((size_t)(it + 1) * chunk <= share ? chunk : share - (size_t)it * chunk);
-            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(&full[s])),
-                         "r"(bytes)
-                         : "memory");
-            asm volatile(
-                "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                    smem_addr(ring + (size_t)s * chunk)),
-                "l"(base + (size_t)it * chunk), "r"(bytes), "r"(smem_addr(&full[s]))
-                : "memory");
+            lm_bulk_copy(ring + (size_t)s * chunk, base + (size_t)it * chunk, bytes, &full[s]);
             *copied = it + 1;
         }
         return;
@@ -94,7 +76,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     float acc = 0.0f;
     for (unsigned it = 0; it < n; it++) {
         const int s = (int)(it % (unsigned)slots);
-        bar_wait(&full[s], (it / slots) & 1u);
+        lm_mbar_wait(&full[s], (it / slots) & 1u);
         if (read) { /* every 16 bytes of the chunk once, across the warps */
             const uint4 *p = (const uint4 *)(ring + (size_t)s * chunk);
             for (uint32_t v = threadIdx.x; v < chunk / 16; v += 32 * WARPS) {
@@ -103,7 +85,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             }
         }
         __syncwarp();
-        if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(&empty[s])) : "memory");
+        if (lane == 0) lm_mbar_arrive(&empty[s]);
     }
     if (acc == 1.2345f) sink[blockIdx.x * WARPS + warp] = acc; /* keeps the reads */
 }

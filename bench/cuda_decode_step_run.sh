@@ -24,7 +24,7 @@ mkdir -p "$OUT" "$BUILD"
 lumen_cuda_env || exit 2
 lumen_cuda_build lumen_cli bench_make_model test_backend_ops || exit 2
 if [ "${LUMEN_DS_STREAM:-0}" = 1 ]; then
-  "$NVCC" -O2 -arch=sm_90a -o "$BUILD/bench_cuda_stream" "$ROOT/bench/bench_cuda_stream.cu" &&
+  "$NVCC" -O2 -arch=sm_90a -I"$ROOT/src" -o "$BUILD/bench_cuda_stream" "$ROOT/bench/bench_cuda_stream.cu" &&
     "$BUILD/bench_cuda_stream" > "$OUT/stream.log" 2>&1
   echo "bench_cuda_stream: status $?"
   cat "$OUT/stream.log"

@@ -38,6 +38,7 @@
  * took 13 and 8 us instead of 19 and 13 (the same build): the consumers'
  * shared-memory reads are on the stream's critical path too (docs/BENCHMARKS.md,
  * ninth session). */
+#include "backend/cuda/cuda_bulk.cuh"
 #include "backend/cuda/cuda_internal.cuh"
 
 enum {
@@ -91,36 +92,7 @@ __device__ __forceinline__ void ds_stamp(uint64_t *p, int i) {
     p[i] = t;
 }
 
-/* ---- mbarriers and bulk copies (sm_90) --------------------------------------- */
-__device__ __forceinline__ uint32_t ds_smem(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ void ds_bar_init(uint64_t *b, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(ds_smem(b)), "r"(count) : "memory");
-}
-
-__device__ __forceinline__ void ds_bar_wait(uint64_t *b, unsigned parity) {
-    uint32_t done;
-    do {
-        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                     : "=r"(done)
-                     : "r"(ds_smem(b)), "r"(parity)
-                     : "memory");
-    } while (!done);
-}
-
-__device__ __forceinline__ void ds_bar_arrive(uint64_t *b) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(ds_smem(b)) : "memory");
-}
-
-/* the slot's bytes: the producer's arrival with the bytes to expect, then the copy */
-__device__ __forceinline__ void ds_copy(void *dst, const void *src, uint32_t bytes, uint64_t *b) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(ds_smem(b)), "r"(bytes) : "memory");
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                     ds_smem(dst)),
-                 "l"(src), "r"(bytes), "r"(ds_smem(b))
-                 : "memory");
-}
-
+/* ---- barriers (the mbarriers and bulk copies: cuda_bulk.cuh) ------------------- */
 /* the consumer warps' own barrier (the producer warp never joins) */
 __device__ __forceinline__ void ds_sync_consumers(void) {
     asm volatile("bar.sync 1, %0;" ::"n"(32 * DS_WARPS) : "memory");
@@ -204,8 +176,8 @@ struct ds_producer {
         }
         const int s = (int)(it % (unsigned)n_slots);
         const unsigned use = it / (unsigned)n_slots;
-        if (use > 0) ds_bar_wait(&empty[s], (use - 1) & 1u);
-        ds_copy(ring + (size_t)s * slot_bytes, src, bytes, &full[s]);
+        if (use > 0) lm_mbar_wait(&empty[s], (use - 1) & 1u);
+        lm_bulk_copy(ring + (size_t)s * slot_bytes, src, bytes, &full[s]);
         *copied = ++it;
     }
 };
@@ -332,14 +304,14 @@ struct ds_consumer {
         const int v0 = nv * piece / wpr, v1 = nv * (piece + 1) / wpr;
         const bool regs = v1 - v0 <= 32 * DS_XR;
         if (regs && (xr_stage != stage || xr_v0 != v0 || xr_v1 != v1)) load_slice(cols, v0, v1, lane);
-        ds_bar_wait(&full[s], (it / (unsigned)a->n_slots) & 1u);
+        lm_mbar_wait(&full[s], (it / (unsigned)a->n_slots) & 1u);
         const uint4 *slot = (const uint4 *)(ring + (size_t)s * a->slot_bytes);
         float sum = 0.0f;
         if (r < rows)
             sum = regs ? dot_slice<F16>(slot + (size_t)r * nv, v0, v1, lane)
                        : ds_dot<F16>(slot + (size_t)r * nv, xs, cols, v0, v1, lane);
         __syncwarp();
-        if (lane == 0) ds_bar_arrive(&empty[s]);
+        if (lane == 0) lm_mbar_arrive(&empty[s]);
         if (wpr > 1) { /* the row's pieces summed in warp order by its first warp */
             float *rd = red + (it & 1u) * DS_WARPS;
             if (lane == 0) rd[warp] = sum;
@@ -616,7 +588,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
     float *fs = (float *)(ring + (size_t)n_slots * a.slot_bytes);
     if (threadIdx.x == 0) {
         *copied = 0;
-        for (int s = 0; s < n_slots; s++) ds_bar_init(&full[s], 1), ds_bar_init(&empty[s], DS_WARPS);
+        for (int s = 0; s < n_slots; s++) lm_mbar_init(&full[s], 1), lm_mbar_init(&empty[s], DS_WARPS);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
