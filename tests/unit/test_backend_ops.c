@@ -309,6 +309,49 @@ static void gpu_matmul_many(lm_weight *const *gw, int n_w, const int64_t *rows, 
     gpu_free(dx);
 }
 
+/* matmul_many of Q4_K and Q6_K weights in one 8-bit launch (a Q4_K_M file's Q/K/V,
+ * V in Q6_K): bit-equal to separate products and to the CPU's; rows_a: the Q4_K rows
+ * before the Q6_K weight (a multiple of 32: one launch; else two). */
+static void test_matmul_many_mixed(int64_t rows_a) {
+    const int64_t rows[3] = {rows_a, 32, 200}, cols = 512;
+    static const lm_dtype types[3] = {LM_DTYPE_Q4_K, LM_DTYPE_Q4_K, LM_DTYPE_Q6_K};
+    if (!g_gpu->ops->matmul_many) return;
+    test_weight w[3];
+    lm_weight *gw[3] = {NULL, NULL, NULL}, *cw[3] = {NULL, NULL, NULL};
+    for (int k = 0; k < 3; k++) {
+        make_weight(&w[k], types[k], rows[k], cols);
+        CHECK(g_gpu->ops->weight_create(g_gpu, &w[k].t, &gw[k]) == LM_OK);
+        CHECK(g_cpu->ops->weight_create(g_cpu, &w[k].t, &cw[k]) == LM_OK);
+    }
+    float *x = fmalloc(4 * cols);
+    fill(x, 4 * cols, 1.0f);
+    for (int64_t n = 1; n <= 4 && gw[0] && gw[1] && gw[2] && cw[0] && cw[1] && cw[2]; n++) {
+        float *many[3];
+        gpu_matmul_many(gw, 3, rows, x, n, cols, many);
+        bool same = true, cpu_same = true;
+        for (int k = 0; k < 3; k++) {
+            float *one = gpu_matmul(gw[k], x, n, rows[k], cols), *yc = fmalloc(n * rows[k]);
+            CHECK(g_cpu->ops->matmul(g_cpu, cw[k], x, n, yc) == LM_OK);
+            same = same && bit_equal(many[k], one, n * rows[k]);
+            cpu_same = cpu_same && bit_equal(many[k], yc, n * rows[k]);
+            free(many[k]), free(one), free(yc);
+        }
+        char what[64];
+        snprintf(what, sizeof what, "Q4_K %lld+32, Q6_K 200 x%lld n=%lld (mv)", (long long)rows_a, (long long)cols,
+                 (long long)n);
+        printf("  %-10s %-40s %s\n", "many", what,
+               same && cpu_same ? "== separate products == the CPU's (bit-equal)" : "DIFFER");
+        CHECK(same);
+        CHECK(cpu_same);
+    }
+    free(x);
+    for (int k = 0; k < 3; k++) {
+        if (gw[k]) g_gpu->ops->weight_free(g_gpu, gw[k]);
+        if (cw[k]) g_cpu->ops->weight_free(g_cpu, cw[k]);
+        free_weight(&w[k]);
+    }
+}
+
 /* matmul_many (one launch over the weights' concatenated rows on the matrix-vector and
  * tensor-core paths) against separate matmul calls: bit-equal on every path. Row
  * counts that are not multiples of 16 put each weight's rows elsewhere in the tiles.
@@ -438,6 +481,8 @@ static void test_matmul(void) {
     test_matmul_type(LM_DTYPE_Q4_K, 4100, 1536, ns_mv, 4); /* the 8-bit kernel (mv_is_q8) */
     test_matmul_type(LM_DTYPE_Q6_K, 32768, 512, ns_mv, 4);
     test_matmul_swiglu(LM_DTYPE_Q4_K, 1536, false, 4100); /* gate and up in one 8-bit launch */
+    test_matmul_many_mixed(64); /* one launch */
+    test_matmul_many_mixed(40); /* Q6_K's rows would share a warp with Q4_K's: two */
     if (getenv("LUMEN_TEST_OPS_QUICK")) return; /* under compute-sanitizer */
     test_matmul_swiglu(LM_DTYPE_Q4_K, 4096, true, 72); /* decoded whole */
     test_matmul_many(LM_DTYPE_Q4_K, true);

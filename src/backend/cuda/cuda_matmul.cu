@@ -63,8 +63,10 @@
  *
  * matmul_many (Q/K/V, gate/up: products of one input): on the tensor-core and
  * matrix-vector paths the weights of one format are one launch over their
- * concatenated rows (each row computed exactly as matmul computes it: the kernels'
- * split of a row depends on the column count only, which the weights share); on the
+ * concatenated rows, and so are Q4_K and Q6_K weights on the 8-bit kernel (a Q4_K_M
+ * file's Q/K/V, V in Q6_K in half the layers), each warp's rows of one format (each
+ * row computed exactly as matmul computes it: the kernels' split of a row depends on
+ * the column count only, which the weights share); on the
  * GEMM path the activations are rounded to bf16 once for all weights. Bit-identical
  * to separate matmul calls, in fewer launches.
  *
@@ -596,14 +598,18 @@ extern "C" lm_status lm_cuda_matmul_many(lm_backend *b, const lm_weight *const *
     }
     float *const *y_out = y, *y_packed[3];
     if (mv_packed_qkv(cu, w, n_w, n, y_packed)) y = y_packed;
-    /* one launch per run of consecutive weights of one format (Q/K in Q4_K and V in
-     * Q6_K make two); on the GEMM path the activations are rounded once for every
-     * weight of the same kind (F32 weights take them in f32) */
+    /* one launch per run of consecutive weights of one format, or of Q4_K and Q6_K on
+     * the 8-bit kernel (lm_cuda_mvq_mixable); on the GEMM path the activations are
+     * rounded once for every weight of the same kind (F32 weights take them in f32) */
     const void *xs = NULL;
     int kind = -1;
     for (int i = 0; i < n_w && !cu->err;) {
         int j = i + 1;
-        while (j < n_w && j - i < MV_MAX_SET && w[j]->type == w[i]->type) j++;
+        int64_t rows = w[i]->rows;
+        while (j < n_w && j - i < MV_MAX_SET &&
+               (w[j]->type == w[j - 1]->type || (path_of(cu, w[i], n) == PATH_MV && path_of(cu, w[j], n) == PATH_MV &&
+                                             lm_cuda_mvq_mixable(cu, w[j - 1], w[j], rows))))
+            rows += w[j++]->rows;
         switch (path_of(cu, w[i], n)) {
         case PATH_MV:
             if ((st = mv_dispatch(cu, w + i, j - i, x, n, y + i))) return st;

@@ -9,7 +9,8 @@
 
 enum { MV_MAX_SET = 4 };
 
-/* Up to MV_MAX_SET weights of one format and column count, their rows concatenated:
+/* Up to MV_MAX_SET weights of one format (or Q4_K and Q6_K on the 8-bit kernel) and
+ * column count, their rows concatenated:
  * global row r belongs to the first weight k with r < end[k]. A kernel parameter read
  * in place (__grid_constant__), so indexing it by k costs no local copy. */
 typedef struct mv_set {
@@ -17,6 +18,7 @@ typedef struct mv_set {
     float *y[MV_MAX_SET];
     size_t row_bytes[MV_MAX_SET];
     int rows[MV_MAX_SET], end[MV_MAX_SET];
+    int type[MV_MAX_SET]; /* lm_dtype: the 8-bit kernel's sets may mix Q4_K and Q6_K */
     int n_w;
 } mv_set;
 
@@ -35,6 +37,7 @@ static inline mv_set mv_set_of(const lm_weight *const *w, int n_w, float *const 
         set.W[k] = (const uint8_t *)w[k]->data;
         set.y[k] = y[k];
         set.row_bytes[k] = w[k]->row_bytes;
+        set.type[k] = (int)w[k]->type;
         set.rows[k] = (int)w[k]->rows;
         rows_all += (int)w[k]->rows;
         set.end[k] = rows_all;
@@ -50,6 +53,10 @@ static inline mv_set mv_set_of(const lm_weight *const *w, int n_w, float *const 
  * x for n tokens, every w[k] one it takes (swiglu: w = (gate, up), y[0] = silu(gate
  * x) * (up x)). Errors are recorded. */
 bool lm_cuda_mvq_supports(const lm_cuda_backend *cu, const lm_weight *w);
+/* whether b may follow a in one launch of the 8-bit kernel although their formats
+ * differ (Q4_K and Q6_K: Q/K/V of a Q4_K_M file, whose V is Q6_K in half the layers),
+ * rows_before the set's rows before b */
+bool lm_cuda_mvq_mixable(const lm_cuda_backend *cu, const lm_weight *a, const lm_weight *b, int64_t rows_before);
 void lm_cuda_mvq(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, const float *x, int64_t n,
                  float *const *y, bool swiglu);
 

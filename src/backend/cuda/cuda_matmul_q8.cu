@@ -33,6 +33,7 @@
 
 enum {
     MVQ_THREADS = 128,
+    MVQ_MIXED = -1, /* the kernel's T for sets of Q4_K and Q6_K weights (lm_cuda_mvq_mixable) */
     /* The shapes it takes (lm_cuda_mvq_supports): inputs of up to 4,096 values, which
      * every block quantizes itself (the first form of this kernel took 1536x8960 in
      * 17.5 us against the f32 kernel's 11.1, bench_cuda_matvec on the H200). Any row
@@ -210,39 +211,12 @@ __device__ __forceinline__ void mvq_q6k_sb(const uint8_t *sb, const int8_t *q, c
 #undef MVQ_Q6K_AT
 }
 
-/* L lanes a row (a power of two up to 8); SWIGLU: the set is (gate, up) with rows
- * interleaved (gate r at 2r, up r at 2r + 1), y[0] = silu(gate) * up. */
-template <int T, int NT, bool SWIGLU>
-__global__ void __launch_bounds__(MVQ_THREADS)
-    mvq_kernel(const __grid_constant__ mv_set set, int cols, const float *__restrict__ x, int n, int L) {
-    extern __shared__ __align__(16) uint8_t mvq_smem[];
-    const int nsb = cols / 256, lane = threadIdx.x & 31, j = lane & (L - 1);
-    const int t0 = blockIdx.y * NT, nt = min(NT, n - t0);
-    const int rows_all = set.end[set.n_w - 1], r = blockIdx.x * (MVQ_THREADS / L) + (int)threadIdx.x / L;
-    const mvq_layout l = mvq_layout_of(NT, cols);
-    int8_t *q = (int8_t *)(mvq_smem + l.q);
-    float *da = (float *)(mvq_smem + l.da);
-    int *s16 = (int *)(mvq_smem + l.s16);
-    lm_pdl_enter();
-    const bool on = r < rows_all;
-    const uint8_t *wr = NULL;
-    if (on) {
-        int k, lr;
-        if (SWIGLU) k = r & 1, lr = r >> 1;
-        else k = mv_which(set, r), lr = r - (k ? set.end[k - 1] : 0);
-        wr = set.W[k] + (size_t)lr * set.row_bytes[k];
-    }
-    /* a super-block per 8 lanes, every lane through the same trips (the shuffles) */
-    for (int p0 = 0; p0 < nt * nsb; p0 += MVQ_THREADS / 8) {
-        const int p = p0 + (threadIdx.x >> 3), t = p / nsb, sb = p % nsb;
-        const bool act = p < nt * nsb;
-        mvq_quantize_sb(x + (act ? (size_t)(t0 + t) * cols + 256 * sb : 0), q + t * cols + 256 * sb,
-                        da + t * nsb + sb, s16 + t * (cols / 16) + 16 * sb, threadIdx.x & 7, act);
-    }
-    __syncthreads();
-    float acc[NT];
-#pragma unroll
-    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+/* A row's super-blocks in rounds of L (its lane j takes c0 + j), acc[t] its sums for
+ * the tokens: after each round the row's first lane takes the round's integer sums by
+ * shuffles, in order, and runs the float steps. */
+template <int T, int NT>
+__device__ __forceinline__ void mvq_rows(const uint8_t *wr, bool on, int j, int lane, int L, int nsb, int nt,
+                                         int cols, const int8_t *q, const float *da, const int *s16, float acc[NT]) {
     const int group = lane & ~(L - 1); /* the row's first lane */
     for (int c0 = 0; c0 < nsb; c0 += L) {
         const int sb = c0 + j;
@@ -270,6 +244,50 @@ __global__ void __launch_bounds__(MVQ_THREADS)
             }
         }
     }
+}
+
+/* L lanes a row (a power of two up to 8); SWIGLU: the set is (gate, up) with rows
+ * interleaved (gate r at 2r, up r at 2r + 1), y[0] = silu(gate) * up. */
+template <int T, int NT, bool SWIGLU>
+__global__ void __launch_bounds__(MVQ_THREADS)
+    mvq_kernel(const __grid_constant__ mv_set set, int cols, const float *__restrict__ x, int n, int L) {
+    extern __shared__ __align__(16) uint8_t mvq_smem[];
+    const int nsb = cols / 256, lane = threadIdx.x & 31, j = lane & (L - 1);
+    const int t0 = blockIdx.y * NT, nt = min(NT, n - t0);
+    const int rows_all = set.end[set.n_w - 1], r = blockIdx.x * (MVQ_THREADS / L) + (int)threadIdx.x / L;
+    const mvq_layout l = mvq_layout_of(NT, cols);
+    int8_t *q = (int8_t *)(mvq_smem + l.q);
+    float *da = (float *)(mvq_smem + l.da);
+    int *s16 = (int *)(mvq_smem + l.s16);
+    lm_pdl_enter();
+    const bool on = r < rows_all;
+    const uint8_t *wr = NULL;
+    int k = set.n_w - 1; /* rows past the end: the last weight's, as their warp's others */
+    if (on) {
+        int lr;
+        if (SWIGLU) k = r & 1, lr = r >> 1;
+        else k = mv_which(set, r), lr = r - (k ? set.end[k - 1] : 0);
+        wr = set.W[k] + (size_t)lr * set.row_bytes[k];
+    }
+    /* a super-block per 8 lanes, every lane through the same trips (the shuffles) */
+    for (int p0 = 0; p0 < nt * nsb; p0 += MVQ_THREADS / 8) {
+        const int p = p0 + (threadIdx.x >> 3), t = p / nsb, sb = p % nsb;
+        const bool act = p < nt * nsb;
+        mvq_quantize_sb(x + (act ? (size_t)(t0 + t) * cols + 256 * sb : 0), q + t * cols + 256 * sb,
+                        da + t * nsb + sb, s16 + t * (cols / 16) + 16 * sb, threadIdx.x & 7, act);
+    }
+    __syncthreads();
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+    if constexpr (T == MVQ_MIXED) { /* the warp's rows are of one weight (lm_cuda_mvq_mixable) */
+        if (set.type[k] == LM_DTYPE_Q4_K)
+            mvq_rows<LM_DTYPE_Q4_K, NT>(wr, on, j, lane, L, nsb, nt, cols, q, da, s16, acc);
+        else
+            mvq_rows<LM_DTYPE_Q6_K, NT>(wr, on, j, lane, L, nsb, nt, cols, q, da, s16, acc);
+    } else {
+        mvq_rows<T, NT>(wr, on, j, lane, L, nsb, nt, cols, q, da, s16, acc);
+    }
     if (SWIGLU) { /* the up row's result from the next row's lanes */
 #pragma unroll
         for (int t = 0; t < NT; t++) {
@@ -280,7 +298,7 @@ __global__ void __launch_bounds__(MVQ_THREADS)
         return;
     }
     if (!on || j != 0) return;
-    const int k = mv_which(set, r), lr = r - (k ? set.end[k - 1] : 0);
+    const int lr = r - (k ? set.end[k - 1] : 0);
 #pragma unroll
     for (int t = 0; t < NT; t++)
         if (t < nt) set.y[k][(size_t)(t0 + t) * set.rows[k] + lr] = acc[t];
@@ -324,11 +342,22 @@ static void mvq_launch(lm_cuda_backend *cu, const mv_set &set, int64_t cols, con
     }
 }
 
+bool lm_cuda_mvq_mixable(const lm_cuda_backend *cu, const lm_weight *a, const lm_weight *b, int64_t rows_before) {
+    /* a warp's rows must be of one format: b's first row starts a warp at any lanes a
+     * row (32 rows a warp at one lane) */
+    return lm_cuda_mvq_supports(cu, a) && lm_cuda_mvq_supports(cu, b) && a->cols == b->cols &&
+           rows_before % 32 == 0;
+}
+
 void lm_cuda_mvq(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, const float *x, int64_t n,
                  float *const *y, bool swiglu) {
     const mv_set set = mv_set_of(w, n_w, y);
     const int64_t cols = w[0]->cols;
-    if (w[0]->type == LM_DTYPE_Q4_K) {
+    bool mixed = false;
+    for (int k = 1; k < n_w; k++) mixed = mixed || w[k]->type != w[0]->type;
+    if (mixed && !swiglu) {
+        mvq_launch<MVQ_MIXED, false>(cu, set, cols, x, n);
+    } else if (w[0]->type == LM_DTYPE_Q4_K) {
         if (swiglu) mvq_launch<LM_DTYPE_Q4_K, true>(cu, set, cols, x, n);
         else mvq_launch<LM_DTYPE_Q4_K, false>(cu, set, cols, x, n);
     } else {
