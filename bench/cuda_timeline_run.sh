@@ -5,6 +5,7 @@
 #
 #   run(command="bash bench/cuda_timeline_run.sh", carry=[".deps"])
 #
+# Nsight Systems where the machine has one, else bench/cupti_trace.c preloaded.
 # Environment: LUMEN_TIMELINE_MODELS ("hf gguf" default), LUMEN_TIMELINE_PAR (sequences,
 # default 1), LUMEN_CUDA_BUILD. Writes $OUT/timeline-<model>-x<N>.csv (the trace) and
 # prints bench/cuda_timeline_table.py's summary.
@@ -17,21 +18,34 @@ mkdir -p "$OUT" "$BUILD"
 lumen_cuda_env || exit 2
 lumen_cuda_build lumen_cli bench_make_model || exit 2
 lumen_bench_models
-NSYS="$(command -v nsys || ls /opt/nvidia/nsight-systems/*/bin/nsys /usr/local/cuda*/bin/nsys 2> /dev/null | head -1)"
-[ -n "$NSYS" ] || { echo "no nsys on this machine"; exit 2; }
-echo "nsys: $NSYS"
+# Nsight Systems where the machine has it; else bench/cupti_trace.c, preloaded
+NSYS="$(command -v nsys || ls /opt/nvidia/nsight-systems/*/bin/nsys 2> /dev/null | head -1)"
+if [ -z "$NSYS" ]; then
+  CUDA_DIR="$(dirname "$(dirname "$(readlink -f "$NVCC")")")"
+  CUPTI_LIB="$(dirname "$(find "$CUDA_DIR" /usr/lib/x86_64-linux-gnu -name 'libcupti.so*' 2> /dev/null | head -1)")"
+  gcc -shared -fPIC -O2 -I"$CUDA_DIR/include" -I"$CUDA_DIR/extras/CUPTI/include" "$ROOT/bench/cupti_trace.c" \
+    -L"$CUPTI_LIB" -lcupti -Wl,-rpath,"$CUPTI_LIB" -o "$BUILD/libcupti_trace.so" ||
+    { echo "no nsys, no CUPTI"; exit 2; }
+fi
+echo "tracer: ${NSYS:-$BUILD/libcupti_trace.so}"
 for m in ${LUMEN_TIMELINE_MODELS:-hf gguf}; do
   model="$HF"
   [ "$m" = gguf ] && model="$GGUF"
   for n in ${LUMEN_TIMELINE_PAR:-1}; do
-    name="timeline-$m-x$n"
-    rm -f "$OUT/$name.nsys-rep" "$OUT/$name.sqlite"
-    timeout 240 "$NSYS" profile --cuda-graph-trace=node --trace=cuda -o "$OUT/$name" -f true \
-      "$BUILD/lumen" bench "$model" --backend cuda -p 0 -n 48 -r 1 --parallel "$n" --parallel-prompt 128 \
-      > "$OUT/$name.log" 2>&1 || echo "nsys status $?"
-    "$NSYS" stats --report cuda_gpu_trace --format csv --output "$OUT/$name" "$OUT/$name.nsys-rep" \
-      >> "$OUT/$name.log" 2>&1 || echo "nsys stats status $?"
-    rm -f "$OUT/$name.nsys-rep" "$OUT/$name.sqlite"
-    python3 "$ROOT/bench/cuda_timeline_table.py" "$OUT/${name}_cuda_gpu_trace.csv"
+    name="timeline-$m-x$n" csv="$OUT/timeline-$m-x$n.csv"
+    bench=("$BUILD/lumen" bench "$model" --backend cuda -p 0 -n 48 -r 1 --parallel "$n" --parallel-prompt 128)
+    if [ -n "$NSYS" ]; then
+      timeout 240 "$NSYS" profile --cuda-graph-trace=node --trace=cuda -o "$OUT/$name" -f true "${bench[@]}" \
+        > "$OUT/$name.log" 2>&1 || echo "nsys status $?"
+      "$NSYS" stats --report cuda_gpu_trace --format csv --output "$OUT/$name" "$OUT/$name.nsys-rep" \
+        >> "$OUT/$name.log" 2>&1 || echo "nsys stats status $?"
+      mv "$OUT/${name}_cuda_gpu_trace.csv" "$csv"
+      rm -f "$OUT/$name.nsys-rep" "$OUT/$name.sqlite"
+    else
+      LUMEN_TRACE_OUT="$csv" LD_PRELOAD="$BUILD/libcupti_trace.so" timeout 240 "${bench[@]}" > "$OUT/$name.log" 2>&1 ||
+        echo "traced run status $?"
+      tail -1 "$OUT/$name.log"
+    fi
+    python3 "$ROOT/bench/cuda_timeline_table.py" "$csv"
   done
 done

@@ -1,17 +1,26 @@
 #!/usr/bin/env python3
-"""Summarizes an Nsight Systems cuda_gpu_trace CSV of decode steps (cuda_timeline_run.sh).
+"""Summarizes a kernel trace of decode steps (cuda_timeline_run.sh): Nsight Systems'
+cuda_gpu_trace CSV or bench/cupti_trace.c's.
 
-Steps are runs of kernels separated by more than GAP_US of idle GPU. Of the steps with
+A step ends with the candidates' last kernel (topk_final), or where the GPU idled more
+than GAP_US when no kernel has that name. Names are demangled with c++filt. Of the steps with
 the most common kernel count, the median one (by span) is shown: each kernel's duration
 and what it adds to the step (its end minus the previous kernel's end: with programmatic
 dependent launch a kernel may start before the previous one ends), grouped by name,
 then the kernels of the middle layer in order."""
 import csv
-import re
-import statistics
+import subprocess
 import sys
 
 GAP_US = 15.0
+
+
+def demangled(names):
+    try:
+        out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True).stdout
+        return dict(zip(names, out.split("\n")))
+    except OSError:
+        return {n: n for n in names}
 
 
 def short(name):
@@ -26,17 +35,22 @@ def main(path):
         print(f"{path}: no kernels")
         return
     col = {k: next(c for c in rows[0] if c.startswith(k)) for k in ("Start", "Duration", "Name")}
-    ks = [(int(r[col["Start"]]) / 1e3, int(r[col["Duration"]]) / 1e3, short(r[col["Name"]])) for r in rows
-          if r[col["Name"]] and not r[col["Name"]].startswith("[CUDA mem")]
-    ks.sort()
-    steps, cur, end = [], [], None
+    names = demangled(sorted({r[col["Name"]] for r in rows}))
+    ks = sorted((int(r[col["Start"]]) / 1e3, int(r[col["Duration"]]) / 1e3, short(names[r[col["Name"]]]))
+                for r in rows if r[col["Name"]])
+    by_name = any("topk_final" in k[2] for k in ks)
+    steps, cur, end = [], [], 0.0
     for k in ks:
-        if cur and k[0] - end > GAP_US:
+        if cur and not by_name and k[0] - end > GAP_US:
             steps.append(cur)
             cur = []
         cur.append(k)
-        end = max(end or 0, k[0] + k[1]) if cur[:-1] else k[0] + k[1]
-    steps.append(cur)
+        end = max(end, k[0] + k[1])
+        if by_name and "topk_final" in k[2]:
+            steps.append(cur)
+            cur = []
+    if cur:
+        steps.append(cur)
     counts = {}
     for s in steps:
         counts[len(s)] = counts.get(len(s), 0) + 1
@@ -61,9 +75,9 @@ def main(path):
     print(f"{'kernel':60} {'n':>4} {'dur us':>9} {'adds us':>9} {'per launch':>10}")
     for name, (c, d, add) in sorted(groups.items(), key=lambda kv: -kv[1][2]):
         print(f"{name:60} {c:4d} {d:9.1f} {add:9.1f} {add / c:10.2f}")
+    print("\nthe step's first kernels, then a stretch of its middle (duration, added, start after the previous end):")
     mid = n // 2
-    print("\none stretch of the step (duration, added, start after the previous end):")
-    for name, d, add, gap in adds[mid - 8:mid + 8]:
+    for name, d, add, gap in adds[:10] + [("...", 0, 0, 0)] + adds[mid - 4:mid + 10]:
         print(f"  {name:60} {d:7.2f} {add:7.2f} {gap:7.2f}")
 
 
