@@ -68,26 +68,31 @@ __device__ __forceinline__ void deq8<LM_DTYPE_F32>(const uint8_t *__restrict__ r
     for (int i = 0; i < 8; i++) y[i] = __uint_as_float(w[i]);
 }
 
-template <>
-__device__ __forceinline__ void deq8<LM_DTYPE_F16>(const uint8_t *__restrict__ row, int64_t c, float *y) {
-    const uint4 u = lm_ld_weights16((const uint4 *)row + c);
+/* The 8 elements of a 16-byte word of an F16 or BF16 row (deq8 of a loaded word). */
+template <int T>
+__device__ __forceinline__ void deq8_words(uint4 u, float *y) {
+    static_assert(T == LM_DTYPE_F16 || T == LM_DTYPE_BF16, "16-bit formats only");
     const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        y[2 * i] = __half2float(__ushort_as_half((unsigned short)(w[i] & 0xffffu)));
-        y[2 * i + 1] = __half2float(__ushort_as_half((unsigned short)(w[i] >> 16)));
+        if (T == LM_DTYPE_F16) {
+            y[2 * i] = __half2float(__ushort_as_half((unsigned short)(w[i] & 0xffffu)));
+            y[2 * i + 1] = __half2float(__ushort_as_half((unsigned short)(w[i] >> 16)));
+        } else {
+            y[2 * i] = lm_bf16_bits(w[i] & 0xffffu);
+            y[2 * i + 1] = lm_bf16_bits(w[i] >> 16);
+        }
     }
 }
 
 template <>
+__device__ __forceinline__ void deq8<LM_DTYPE_F16>(const uint8_t *__restrict__ row, int64_t c, float *y) {
+    deq8_words<LM_DTYPE_F16>(lm_ld_weights16((const uint4 *)row + c), y);
+}
+
+template <>
 __device__ __forceinline__ void deq8<LM_DTYPE_BF16>(const uint8_t *__restrict__ row, int64_t c, float *y) {
-    const uint4 u = lm_ld_weights16((const uint4 *)row + c);
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        y[2 * i] = lm_bf16_bits(w[i] & 0xffffu);
-        y[2 * i + 1] = lm_bf16_bits(w[i] >> 16);
-    }
+    deq8_words<LM_DTYPE_BF16>(lm_ld_weights16((const uint4 *)row + c), y);
 }
 
 /* Q4_0: d:f16 qs[16]; element j low nibble of qs[j], j + 16 high nibble; y = (q - 8) * d */

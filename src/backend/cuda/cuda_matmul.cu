@@ -92,7 +92,7 @@ __device__ __forceinline__ int mv_row_of(const mv_set &set, int row, int *lr) {
 
 /* SWIGLU: the set is (gate, up) with rpb even, and y[0] gets silu(gate) * up, each
  * row summed exactly as without it (the per-row code does not change). */
-template <int T, int NT, bool SWIGLU>
+template <int T, int NT, bool SWIGLU, int CPL = 0>
 __global__ void __launch_bounds__(MV_THREADS)
     mv_kernel(const __grid_constant__ mv_set set, int n_chunks, int cols, const float *__restrict__ x, int n,
               int t_base, int wpr) {
@@ -109,6 +109,38 @@ __global__ void __launch_bounds__(MV_THREADS)
         int lr;
         const int k = mv_row_of<SWIGLU>(set, row, &lr);
         const uint8_t *wr = set.W[k] + (size_t)lr * set.row_bytes[k];
+        if constexpr (CPL > 0) {
+            /* exactly CPL chunks a lane (16-bit formats; the launch checked n_chunks ==
+             * CPL * wpr * 32): every weight word is requested before the first
+             * multiply-add, with no bound check between them; the sums keep the loop's
+             * order below, so the results are the same to the bit */
+            uint4 raw[CPL];
+#pragma unroll
+            for (int j = 0; j < CPL; j++) raw[j] = lm_ld_weights16((const uint4 *)wr + part * 32 + lane + j * wpr * 32);
+#pragma unroll
+            for (int j = 0; j < CPL; j++) {
+                const int c = part * 32 + lane + j * wpr * 32;
+                float w[8];
+                deq8_words<T>(raw[j], w);
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    if (t0 + t < n) {
+                        const float4 *xp = (const float4 *)(x + (size_t)(t0 + t) * cols) + 2 * c;
+                        float4 a = xp[0], b = xp[1];
+                        float s = acc[t];
+                        s = fmaf(w[0], a.x, s);
+                        s = fmaf(w[1], a.y, s);
+                        s = fmaf(w[2], a.z, s);
+                        s = fmaf(w[3], a.w, s);
+                        s = fmaf(w[4], b.x, s);
+                        s = fmaf(w[5], b.y, s);
+                        s = fmaf(w[6], b.z, s);
+                        s = fmaf(w[7], b.w, s);
+                        acc[t] = s;
+                    }
+                }
+            }
+        } else {
         /* unrolled by 4 so several chunks' loads would be in flight at once (one at a
          * time left a 1536-column row latency-bound); but in its SASS (Q4_K, BF16) a
          * chunk's loads still follow the chunk before's multiply-adds, each chunk
@@ -134,6 +166,7 @@ __global__ void __launch_bounds__(MV_THREADS)
                     acc[t] = s;
                 }
             }
+        }
         }
     }
     __shared__ float red[MV_THREADS / 32][NT];
@@ -198,6 +231,26 @@ static void launch_mv(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, c
         /* the kernel indexes tokens from t_base, so x and y need no offset per weight */
         int cols = (int)w[0]->cols, tb = (int)t0;
         const float *xs = x + t0 * cols;
+        if constexpr (T == LM_DTYPE_BF16 || T == LM_DTYPE_F16) {
+            static int exact = -1; /* EXPERIMENT: LUMEN_CUDA_MV_EXACT=0 turns it off */
+            if (exact < 0) exact = !getenv("LUMEN_CUDA_MV_EXACT") || atoi(getenv("LUMEN_CUDA_MV_EXACT")) != 0;
+            const int per_lane = n_chunks % (wpr * 32) == 0 ? n_chunks / (wpr * 32) : 0;
+            void (*kernel)(const mv_set, int, int, const float *, int, int, int) = NULL;
+            if (exact && nt == 1) {
+                switch (per_lane) {
+                case 3: kernel = mv_kernel<T, 1, SWIGLU, 3>; break;
+                case 4: kernel = mv_kernel<T, 1, SWIGLU, 4>; break;
+                case 6: kernel = mv_kernel<T, 1, SWIGLU, 6>; break;
+                case 8: kernel = mv_kernel<T, 1, SWIGLU, 8>; break;
+                default: break;
+                }
+            }
+            if (kernel) {
+                lm_cuda_launch(cu, kernel, grid, block, set, n_chunks, cols, xs, nn, tb, wpr);
+                if (!lm_cuda_launched(cu, "mv_kernel")) return;
+                continue;
+            }
+        }
         switch (nt) {
         case 1: lm_cuda_launch(cu, mv_kernel<T, 1, SWIGLU>, grid, block, set, n_chunks, cols, xs, nn, tb, wpr); break;
         case 2: lm_cuda_launch(cu, mv_kernel<T, 2, SWIGLU>, grid, block, set, n_chunks, cols, xs, nn, tb, wpr); break;
