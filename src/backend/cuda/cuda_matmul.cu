@@ -144,7 +144,10 @@ __global__ void __launch_bounds__(MV_THREADS)
         /* unrolled by 4 so several chunks' loads would be in flight at once (one at a
          * time left a 1536-column row latency-bound); but in its SASS (Q4_K, BF16) a
          * chunk's loads still follow the chunk before's multiply-adds, each chunk
-         * behind its own bound check. The sums keep their order. */
+         * behind its own bound check (hence CPL above). Grouping the loads here (4
+         * chunks' decoded before their multiply-adds, 16-bit words through shared
+         * memory by asynchronous copies) was slower: 628 vs 662 tokens/s Q4_K_M,
+         * 487 vs 647 bf16 (branch mv-loads-first). The sums keep their order. */
 #pragma unroll 4
         for (int c = part * 32 + lane; c < n_chunks; c += wpr * 32) {
             float w[8];
@@ -232,11 +235,12 @@ static void launch_mv(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, c
         int cols = (int)w[0]->cols, tb = (int)t0;
         const float *xs = x + t0 * cols;
         if constexpr (T == LM_DTYPE_BF16 || T == LM_DTYPE_F16) {
-            static int exact = -1; /* EXPERIMENT: LUMEN_CUDA_MV_EXACT=0 turns it off */
-            if (exact < 0) exact = !getenv("LUMEN_CUDA_MV_EXACT") || atoi(getenv("LUMEN_CUDA_MV_EXACT")) != 0;
+            /* rows of exactly 3-8 chunks a lane, one token: the weight words all
+             * requested up front (H200, 1.5B bf16, batch 1: 671-684 vs 653-663
+             * tokens/s with the loop, same build, alternating) */
             const int per_lane = n_chunks % (wpr * 32) == 0 ? n_chunks / (wpr * 32) : 0;
             void (*kernel)(const mv_set, int, int, const float *, int, int, int) = NULL;
-            if (exact && nt == 1) {
+            if (nt == 1) {
                 switch (per_lane) {
                 case 3: kernel = mv_kernel<T, 1, SWIGLU, 3>; break;
                 case 4: kernel = mv_kernel<T, 1, SWIGLU, 4>; break;
