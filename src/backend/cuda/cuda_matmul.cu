@@ -90,6 +90,31 @@ __device__ __forceinline__ int mv_row_of(const mv_set &set, int row, int *lr) {
     return k;
 }
 
+/* acc[t] += the 8 weights of chunk c times token t0 + t's activations there, for the
+ * block's NT tokens, one multiply-add at a time in element order (both of mv_kernel's
+ * loops: their sums are the same to the bit). */
+template <int NT>
+__device__ __forceinline__ void mv_fma8(float *acc, const float *w, const float *__restrict__ x, int cols, int c,
+                                        int t0, int n) {
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        if (t0 + t < n) {
+            const float4 *xp = (const float4 *)(x + (size_t)(t0 + t) * cols) + 2 * c;
+            float4 a = xp[0], b = xp[1];
+            float s = acc[t];
+            s = fmaf(w[0], a.x, s);
+            s = fmaf(w[1], a.y, s);
+            s = fmaf(w[2], a.z, s);
+            s = fmaf(w[3], a.w, s);
+            s = fmaf(w[4], b.x, s);
+            s = fmaf(w[5], b.y, s);
+            s = fmaf(w[6], b.z, s);
+            s = fmaf(w[7], b.w, s);
+            acc[t] = s;
+        }
+    }
+}
+
 /* SWIGLU: the set is (gate, up) with rpb even, and y[0] gets silu(gate) * up, each
  * row summed exactly as without it (the per-row code does not change). */
 template <int T, int NT, bool SWIGLU, int CPL = 0>
@@ -122,54 +147,22 @@ __global__ void __launch_bounds__(MV_THREADS)
                 const int c = part * 32 + lane + j * wpr * 32;
                 float w[8];
                 deq8_words<T>(raw[j], w);
-#pragma unroll
-                for (int t = 0; t < NT; t++) {
-                    if (t0 + t < n) {
-                        const float4 *xp = (const float4 *)(x + (size_t)(t0 + t) * cols) + 2 * c;
-                        float4 a = xp[0], b = xp[1];
-                        float s = acc[t];
-                        s = fmaf(w[0], a.x, s);
-                        s = fmaf(w[1], a.y, s);
-                        s = fmaf(w[2], a.z, s);
-                        s = fmaf(w[3], a.w, s);
-                        s = fmaf(w[4], b.x, s);
-                        s = fmaf(w[5], b.y, s);
-                        s = fmaf(w[6], b.z, s);
-                        s = fmaf(w[7], b.w, s);
-                        acc[t] = s;
-                    }
-                }
+                mv_fma8<NT>(acc, w, x, cols, c, t0, n);
             }
         } else {
-        /* unrolled by 4 so several chunks' loads would be in flight at once (one at a
-         * time left a 1536-column row latency-bound); but in its SASS (Q4_K, BF16) a
-         * chunk's loads still follow the chunk before's multiply-adds, each chunk
-         * behind its own bound check (hence CPL above). Grouping the loads here (4
-         * chunks' decoded before their multiply-adds, 16-bit words through shared
-         * memory by asynchronous copies) was slower: 628 vs 662 tokens/s Q4_K_M,
-         * 487 vs 647 bf16 (branch mv-loads-first). The sums keep their order. */
+            /* unrolled by 4 so several chunks' loads would be in flight at once (one at a
+             * time left a 1536-column row latency-bound); but in its SASS (Q4_K, BF16) a
+             * chunk's loads still follow the chunk before's multiply-adds, each chunk
+             * behind its own bound check (hence CPL above). Grouping the loads here (4
+             * chunks' decoded before their multiply-adds, 16-bit words through shared
+             * memory by asynchronous copies) was slower: 628 vs 662 tokens/s Q4_K_M,
+             * 487 vs 647 bf16 (branch mv-loads-first). The sums keep their order. */
 #pragma unroll 4
-        for (int c = part * 32 + lane; c < n_chunks; c += wpr * 32) {
-            float w[8];
-            deq8<T>(wr, c, w);
-#pragma unroll
-            for (int t = 0; t < NT; t++) {
-                if (t0 + t < n) {
-                    const float4 *xp = (const float4 *)(x + (size_t)(t0 + t) * cols) + 2 * c;
-                    float4 a = xp[0], b = xp[1];
-                    float s = acc[t];
-                    s = fmaf(w[0], a.x, s);
-                    s = fmaf(w[1], a.y, s);
-                    s = fmaf(w[2], a.z, s);
-                    s = fmaf(w[3], a.w, s);
-                    s = fmaf(w[4], b.x, s);
-                    s = fmaf(w[5], b.y, s);
-                    s = fmaf(w[6], b.z, s);
-                    s = fmaf(w[7], b.w, s);
-                    acc[t] = s;
-                }
+            for (int c = part * 32 + lane; c < n_chunks; c += wpr * 32) {
+                float w[8];
+                deq8<T>(wr, c, w);
+                mv_fma8<NT>(acc, w, x, cols, c, t0, n);
             }
-        }
         }
     }
     __shared__ float red[MV_THREADS / 32][NT];
