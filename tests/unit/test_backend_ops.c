@@ -484,6 +484,7 @@ static void test_matmul(void) {
     /* 16-bit rows of exactly 3, 8 and 6 chunks a lane at one token (CPL in cuda_matmul.cu) */
     test_matmul_type(LM_DTYPE_BF16, 200, 1536, ns_mv, 4);
     test_matmul_type(LM_DTYPE_F16, 4100, 2048, ns_mv, 2);
+    test_matmul_type(LM_DTYPE_BF16, 9000, 1536, ns_mv, 2);
     test_matmul_swiglu(LM_DTYPE_BF16, 1536, false, 4100);
     test_matmul_many_mixed(64); /* one launch */
     test_matmul_many_mixed(40); /* Q6_K's rows would share a warp with Q4_K's: two */
