@@ -16,12 +16,9 @@
 #   LUMEN_NCU_SKIP    launches of that kernel skipped first (default 4: past warm-up)
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-OUT="${OUT:-$ROOT/cuda-run-out}"
-BUILD="${LUMEN_CUDA_BUILD:-$ROOT/build-cuda-lineinfo}"
-mkdir -p "$OUT" "$BUILD"
 . "$ROOT/bench/cuda_env.sh"
-lumen_cuda_env || exit 2
-LUMEN_CUDA_FLAGS=-lineinfo lumen_cuda_build lumen_cli bench_make_model || exit 2
+LUMEN_CUDA_BUILD="${LUMEN_CUDA_BUILD:-$ROOT/build-cuda-lineinfo}" LUMEN_CUDA_FLAGS=-lineinfo \
+  lumen_cuda_setup lumen_cli bench_make_model || exit 2
 lumen_bench_models
 NCU="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2> /dev/null | head -1)"
 [ -n "$NCU" ] || { echo "no ncu"; exit 2; }

@@ -17,12 +17,8 @@
 # Logs go to $OUT (ops.log, profile-*.log, stream.log).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-OUT="${OUT:-$ROOT/cuda-run-out}"
-BUILD="${LUMEN_CUDA_BUILD:-$ROOT/build-cuda-device}"
-mkdir -p "$OUT" "$BUILD"
 . "$ROOT/bench/cuda_env.sh"
-lumen_cuda_env || exit 2
-lumen_cuda_build lumen_cli bench_make_model test_backend_ops || exit 2
+lumen_cuda_setup lumen_cli bench_make_model test_backend_ops || exit 2
 if [ "${LUMEN_DS_STREAM:-0}" = 1 ]; then
   "$NVCC" -O2 -arch=sm_90a -I"$ROOT/src" -o "$BUILD/bench_cuda_stream" "$ROOT/bench/bench_cuda_stream.cu" &&
     "$BUILD/bench_cuda_stream" > "$OUT/stream.log" 2>&1

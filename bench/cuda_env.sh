@@ -48,6 +48,16 @@ lumen_cuda_build() {
   echo "built in $(( $(date +%s) - t0 ))s"
 }
 
+# The opening of every one-call GPU script: OUT ($OUT or $ROOT/cuda-run-out) and BUILD
+# ($LUMEN_CUDA_BUILD or $ROOT/build-cuda-device) made, the environment set, the given
+# targets built. Needs ROOT; returns 2 (after saying why) when that fails.
+lumen_cuda_setup() {
+  OUT="${OUT:-$ROOT/cuda-run-out}"
+  BUILD="${LUMEN_CUDA_BUILD:-$ROOT/build-cuda-device}"
+  mkdir -p "$OUT" "$BUILD"
+  lumen_cuda_env && lumen_cuda_build "$@"
+}
+
 # The Qwen2.5-1.5B-shaped benchmark models with random weights (bench_make_model):
 # sets GGUF (Q4_K_M-like) and HF (bf16 folder) in /dev/shm/lumen-bench, made once per
 # machine.

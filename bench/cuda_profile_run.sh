@@ -17,14 +17,10 @@
 # folder only), LUMEN_CUDA_BUILD.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-OUT="${OUT:-$ROOT/cuda-run-out}"
-BUILD="${LUMEN_CUDA_BUILD:-$ROOT/build-cuda-device}"
 PAR="${LUMEN_PROFILE_PAR:-1 64}"
 PROMPT="${LUMEN_PROFILE_PROMPT:-128}"
-mkdir -p "$OUT" "$BUILD"
 . "$ROOT/bench/cuda_env.sh"
-lumen_cuda_env || exit 2
-lumen_cuda_build lumen_cli bench_make_model bench_cuda_matvec || exit 2
+lumen_cuda_setup lumen_cli bench_make_model bench_cuda_matvec || exit 2
 lumen_bench_models
 NCU="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2> /dev/null | head -1)"
 echo "ncu: ${NCU:-none}"

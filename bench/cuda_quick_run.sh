@@ -12,12 +12,8 @@
 # variable setting (e.g. LUMEN_CUDA_TC_MAX_N=0), for side-by-side comparisons.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-OUT="${OUT:-$ROOT/cuda-run-out}"
-BUILD="${LUMEN_CUDA_BUILD:-$ROOT/build-cuda-device}"
-mkdir -p "$OUT" "$BUILD"
 . "$ROOT/bench/cuda_env.sh"
-lumen_cuda_env || exit 2
-lumen_cuda_build lumen_cli bench_make_model test_backend_ops test_topk_cuda || exit 2
+lumen_cuda_setup lumen_cli bench_make_model test_backend_ops test_topk_cuda || exit 2
 if [ "${LUMEN_QUICK_TESTS:-1}" != 0 ]; then
   quick=1
   [ "${LUMEN_QUICK_TESTS:-1}" = full ] && quick=

@@ -11,12 +11,8 @@
 # prints bench/cuda_timeline_table.py's summary.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-OUT="${OUT:-$ROOT/cuda-run-out}"
-BUILD="${LUMEN_CUDA_BUILD:-$ROOT/build-cuda-device}"
-mkdir -p "$OUT" "$BUILD"
 . "$ROOT/bench/cuda_env.sh"
-lumen_cuda_env || exit 2
-lumen_cuda_build lumen_cli bench_make_model || exit 2
+lumen_cuda_setup lumen_cli bench_make_model || exit 2
 lumen_bench_models
 # Nsight Systems where the machine has it; else bench/cupti_trace.c, preloaded
 NSYS="$(command -v nsys || ls /opt/nvidia/nsight-systems/*/bin/nsys 2> /dev/null | head -1)"
