@@ -39,7 +39,13 @@
  *    tokens/s bf16; with the norm's blocks capped at one wave, each over several groups
  *    of rows, 557 bf16 and 462 -> 380 Q4_K_M (each block's norm is a chain of dependent
  *    trips before its first weight load); dropped. One wave of blocks for the plain
- *    kernel measured the same (556 vs 557).
+ *    kernel measured the same (556 vs 557). Twelfth session (2026-12-01, H200, 1.5B,
+ *    batch 1; branches kept): the add_rms_norm after a one-token product run by the
+ *    product's last block (bit-equal) 682 vs 683-686 bf16, 627-632 vs 678-680 Q4_K_M;
+ *    the CPL rows' weights requested before the PDL wait 649-656 vs 686; those rows
+ *    streamed through 4-16 blocks an SM, the next group's weights ahead, 595-642 vs
+ *    686; the up-front loads for 2-9 chunks a lane (the last bound-checked) 644-656
+ *    vs 664-674 bf16; dropped.
  *
  *  - tensor cores (n <= tc_max_n, 32 unless LUMEN_CUDA_TC_MAX_N says otherwise; every
  *    format but F32, widths a multiple of 32): decode of 5-32 sequences.
