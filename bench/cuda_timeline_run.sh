@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: a decode step's kernels as they run inside the replayed
-# graph (Nsight Systems, graph nodes traced), not in isolation as Nsight Compute
-# measures them. Says, for one step, each kernel's time and the gap before it.
+# graph, not in isolation as Nsight Compute measures them. Says, for one step, each
+# kernel's time and what it adds to the step.
 #
 #   run(command="bash bench/cuda_timeline_run.sh", carry=[".deps"])
 #
@@ -14,7 +14,6 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 . "$ROOT/bench/cuda_env.sh"
 lumen_cuda_setup lumen_cli bench_make_model || exit 2
 lumen_bench_models
-# Nsight Systems where the machine has it; else bench/cupti_trace.c, preloaded
 NSYS="$(command -v nsys || ls /opt/nvidia/nsight-systems/*/bin/nsys 2> /dev/null | head -1)"
 if [ -z "$NSYS" ]; then
   CUDA_DIR="$(dirname "$(dirname "$(readlink -f "$NVCC")")")"
@@ -40,7 +39,7 @@ for m in ${LUMEN_TIMELINE_MODELS:-hf gguf}; do
     else
       LUMEN_TRACE_OUT="$csv" LD_PRELOAD="$BUILD/libcupti_trace.so" timeout 240 "${bench[@]}" > "$OUT/$name.log" 2>&1 ||
         echo "traced run status $?"
-      tail -1 "$OUT/$name.log"
+      grep "^cupti_trace:" "$OUT/$name.log"
     fi
     python3 "$ROOT/bench/cuda_timeline_table.py" "$csv"
   done

@@ -10,7 +10,6 @@
 #include <cupti.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 enum { TRACE_BUFFER = 8 << 20 };
 
