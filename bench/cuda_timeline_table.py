@@ -31,6 +31,7 @@ def demangled(names):
 
 def short(name):
     name = name[5:] if name.startswith("void ") else name
+    name = name.replace("(anonymous namespace)::", "")
     cut = name.find("(", name.rfind(">") if ">" in name else 0)
     return (name[:cut] if cut > 0 else name)[:60]
 
