@@ -52,6 +52,13 @@
 
 enum { DEC_MAX_GROUP = 16, DEC_SPLIT_KB = 16 };
 
+/* LUMEN_CUDA_ATTN_PROFILE=1: the phases of block (0, 0) of each launch, their sums
+ * (ns) and the launch count in cu->attn_prof: before the PDL wait, the wait, the
+ * qkv_finish, the warps' KV blocks, the merge of the warps (not merge_if_last). */
+enum { DEC_PROF_PHASES = 5 };
+static const char *const dec_prof_names[DEC_PROF_PHASES] = {"before the wait", "the wait", "qkv_finish",
+                                                            "KV blocks", "merge"};
+
 /* The qkv_finish of this block's heads (FIN: the op was left to this kernel,
  * cuda_qkv_finish.cu): the group's query rows from the packed product, biased and
  * rotated as qkv_finish_kernel does them, into q_fin (and, by split 0, into q); the
@@ -106,8 +113,13 @@ __global__ void __launch_bounds__(32 * WARPS)
                     const __half *__restrict__ K, const __half *__restrict__ V, const float *__restrict__ q,
                     int64_t window, float scale, int max_splits, float *__restrict__ out,
                     __nv_bfloat16 *__restrict__ outb, float *__restrict__ part, int *__restrict__ counts,
-                    bool ahead, const __grid_constant__ qf_args fin) {
+                    bool ahead, const __grid_constant__ qf_args fin, unsigned long long *prof) {
     constexpr int THREADS = 32 * WARPS;
+    /* prof (LUMEN_CUDA_ATTN_PROFILE): block (0, 0)'s clock at its phases, in shared
+     * memory (no registers held across the kernel), summed into prof at its end */
+    __shared__ uint64_t stamp[DEC_PROF_PHASES + 1];
+    const bool profiled = prof && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0;
+    if (profiled) stamp[0] = lm_cuda_clock_ns();
     __shared__ float o_sh[WARPS][MAXG][HD + 1]; /* +1: rows fall in other banks */
     __shared__ float ml_sh[WARPS][MAXG][2];
     __shared__ float q_fin[FIN ? MAXG : 1][HD], kv_fin[FIN ? 2 : 1][HD], cs[HD / 2], sn[HD / 2];
@@ -136,10 +148,13 @@ __global__ void __launch_bounds__(32 * WARPS)
         load_keys<HD>(K, table, kb_first, d_kv, head_off, g, c2, kf);
         if constexpr (tc_early(HD)) load_values<HD>(V, table, kb_first, TC_ROWS - 1, d_kv, head_off, g, c2, vf);
     }
+    if (profiled) stamp[1] = lm_cuda_clock_ns();
     lm_pdl_enter();
+    if (profiled) stamp[2] = lm_cuda_clock_ns();
     if (FIN)
         dec_finish<HD, THREADS>(fin, cs, sn, t, hk, h0, group, split == 0, split == n_split - 1,
                                 (int64_t)table[p / TC_ROWS] * TC_ROWS + p % TC_ROWS, q_fin, kv_fin);
+    if (profiled) stamp[3] = lm_cuda_clock_ns();
     /* the group's query heads are the rows */
     uint32_t qa[HD / 16][4];
     float o[HD / 8][4], m[2], l[2];
@@ -177,6 +192,7 @@ __global__ void __launch_bounds__(32 * WARPS)
         }
     }
     __syncthreads();
+    if (profiled) stamp[4] = lm_cuda_clock_ns();
     for (int e = threadIdx.x; e < group * HD; e += THREADS) {
         const int r = e / HD, d = e % HD;
         float M = -INFINITY;
@@ -198,6 +214,11 @@ __global__ void __launch_bounds__(32 * WARPS)
             if (d == 0) pp[0] = M, pp[1] = L;
             pp[2 + d] = O;
         }
+    }
+    if (profiled) {
+        stamp[5] = lm_cuda_clock_ns();
+        for (int i = 0; i < DEC_PROF_PHASES; i++) atomicAdd(prof + i, stamp[i + 1] - stamp[i]);
+        atomicAdd(prof + DEC_PROF_PHASES, 1ull);
     }
     if (n_split > 1)
         merge_if_last<HD / 32, WARPS>(part, out, outb, counts, blockIdx.x, t, n_head, h0, group, HD, n_split,
@@ -226,6 +247,14 @@ void lm_cuda_attention_dec(lm_cuda_backend *cu, const lm_kv_cache *kv, int64_t l
      * sequences, 128 items; 61,823 vs 67,692 at 256, 512 items). And 4 where the group
      * does not fit the 8-warp merge's shared memory. LUMEN_CUDA_ATTN_DEC_WARPS=4 or 8
      * forces one. */
+    if (cu->attn_prof_on && !cu->attn_prof && cu->pass_mode != LM_CUDA_PASS_CAPTURE) {
+        const size_t bytes = (DEC_PROF_PHASES + 1) * sizeof(unsigned long long);
+        if (cudaMalloc(&cu->attn_prof, bytes) != cudaSuccess || cudaMemset(cu->attn_prof, 0, bytes) != cudaSuccess) {
+            cudaFree(cu->attn_prof); /* no profile; the error is not the attention's */
+            cu->attn_prof = NULL;
+            cudaGetLastError();
+        }
+    }
     const int64_t items = n * n_head_kv;
     const bool eight = group <= 8 && (cu->attn_dec_warps ? cu->attn_dec_warps == 8 : items <= 2 * (int64_t)cu->n_sm);
     qf_args none;
@@ -234,7 +263,7 @@ void lm_cuda_attention_dec(lm_cuda_backend *cu, const lm_kv_cache *kv, int64_t l
 #define LM_DEC(H, W, G, F)                                                                                           \
     lm_cuda_launch(cu, attn_dec_kernel<H, W, G, F>, grid, 32 * W, meta, (int)n, (int)n_head, (int)n_head_kv,          \
                    (int)group, d_kv, K, V, q, window, scale, max_splits, out, outb, part, counts, cu->attn_dec_ahead,  \
-                   f)
+                   f, cu->attn_prof)
 #define LM_DEC_WARPS(H, F) (eight ? LM_DEC(H, 8, 8, F) : LM_DEC(H, 4, DEC_MAX_GROUP, F))
     if (head_dim == 64)
         fin ? LM_DEC_WARPS(64, true) : LM_DEC_WARPS(64, false);
@@ -243,4 +272,18 @@ void lm_cuda_attention_dec(lm_cuda_backend *cu, const lm_kv_cache *kv, int64_t l
 #undef LM_DEC_WARPS
 #undef LM_DEC
     lm_cuda_launched(cu, "attn_dec_kernel");
+}
+
+void lm_cuda_attention_profile_print(lm_cuda_backend *cu) {
+    if (!cu->attn_prof) return;
+    unsigned long long t[DEC_PROF_PHASES + 1];
+    if (cudaStreamSynchronize(cu->stream) == cudaSuccess &&
+        cudaMemcpy(t, cu->attn_prof, sizeof t, cudaMemcpyDeviceToHost) == cudaSuccess && t[DEC_PROF_PHASES]) {
+        fprintf(stderr, "decode attention profile: block (0, 0) of %llu launches, mean us:", t[DEC_PROF_PHASES]);
+        for (int i = 0; i < DEC_PROF_PHASES; i++)
+            fprintf(stderr, " %s %.2f%s", dec_prof_names[i], 1e-3 * (double)t[i] / (double)t[DEC_PROF_PHASES],
+                    i + 1 < DEC_PROF_PHASES ? "," : "\n");
+    }
+    cudaFree(cu->attn_prof);
+    cu->attn_prof = NULL;
 }

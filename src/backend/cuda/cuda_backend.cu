@@ -581,6 +581,7 @@ static void cuda_destroy(lm_backend *b) {
             if (cu->replay_ev[i]) cudaEventDestroy(cu->replay_ev[i]);
     }
     lm_cuda_decode_profile_print(cu);
+    lm_cuda_attention_profile_print(cu);
     lm_cuda_graphs_free(cu);
     if (cu->cublas) cublasDestroy(cu->cublas);
     if (cu->cublaslt) cublasLtDestroy(cu->cublaslt);
@@ -706,6 +707,7 @@ extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
      * batch's size, lm_cuda_attention_dec) */
     const char *fin = getenv("LUMEN_CUDA_FINISH_IN_ATTN"); /* 0: qkv_finish always runs on its own */
     cu->finish_in_attention = !(fin && strcmp(fin, "0") == 0);
+    cu->attn_prof_on = getenv("LUMEN_CUDA_ATTN_PROFILE") != NULL;
     const char *dec_warps = getenv("LUMEN_CUDA_ATTN_DEC_WARPS");
     cu->attn_dec_warps = dec_warps && (atoi(dec_warps) == 4 || atoi(dec_warps) == 8) ? atoi(dec_warps) : 0;
     const char *dec_ahead = getenv("LUMEN_CUDA_ATTN_DEC_AHEAD");

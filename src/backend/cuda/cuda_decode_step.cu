@@ -86,10 +86,7 @@ enum { DS_PROF_STAGES = 14, DS_PROF_LAYER = 8, DS_PROF_PRODUCER = DS_PROF_LAYER 
        DS_PROF_N = DS_PROF_PRODUCER + DS_MAX_LAYERS };
 
 __device__ __forceinline__ void ds_stamp(uint64_t *p, int i) {
-    if (!p) return;
-    uint64_t t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    p[i] = t;
+    if (p) p[i] = lm_cuda_clock_ns();
 }
 
 /* ---- barriers (the mbarriers and bulk copies: cuda_bulk.cuh) ------------------- */

@@ -118,6 +118,8 @@ typedef struct lm_cuda_backend {
     int smem_optin;         /* shared memory a block may ask for (bytes)            */
     size_t decode_smem_set[2]; /* decode_step kernels' shared memory as last set    */
     uint64_t *decode_prof;  /* LUMEN_CUDA_DECODE_PROFILE: decode_step's stage clocks (cuda_decode_step.cu) */
+    bool attn_prof_on;             /* LUMEN_CUDA_ATTN_PROFILE=1                                     */
+    unsigned long long *attn_prof; /* then the decode attention's phase sums (cuda_attention_dec.cu) */
     int decode_prof_layers;
     bool fused;        /* fused ops on (LUMEN_CUDA_FUSED=0 turns them off)       */
     bool finish_in_attention; /* qkv_finish left to the decode attention (LUMEN_CUDA_FINISH_IN_ATTN=0: never) */
@@ -238,6 +240,13 @@ __device__ __forceinline__ void lm_pdl_enter(void) {
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
+}
+
+/* The GPU's global clock in nanoseconds (profiles). */
+__device__ __forceinline__ uint64_t lm_cuda_clock_ns(void) {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
 }
 
 /* kernel<<<grid, block, smem, stream>>>(args...), with programmatic dependent launch
@@ -482,6 +491,9 @@ void lm_cuda_finish_flush(lm_cuda_backend *cu);
 /* qkv_finish's kernel on a (taken) finish's arguments. */
 void lm_cuda_finish_run(lm_cuda_backend *cu, const qf_args &a, const int32_t *meta, bool f16);
 void lm_cuda_decode_profile_print(lm_cuda_backend *cu);
+/* LUMEN_CUDA_ATTN_PROFILE=1: the decode attention's phases, printed (and the counts
+ * freed) when the backend is destroyed. */
+void lm_cuda_attention_profile_print(lm_cuda_backend *cu);
 lm_status lm_cuda_decode_step(lm_backend *b, const lm_decode_model *m, struct lm_kv_cache *kv,
                               const lm_attn_batch *batch, const int32_t *tokens, float *x, float *logits);
 lm_status lm_cuda_pass_begin(lm_backend *b, uint64_t key, const struct lm_kv_cache *kv, const lm_attn_batch *batch);
