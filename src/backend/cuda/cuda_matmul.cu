@@ -214,6 +214,30 @@ static int mv_warps_per_row(int64_t n_chunks, int64_t rows) {
     return n_chunks >= 512 || (rows <= 4096 && n_chunks >= 64) ? 2 : 1;
 }
 
+typedef void (*mv_fn)(const mv_set, int, int, const float *, int, int, int);
+
+/* mv_kernel for nt tokens a block. 16-bit rows of exactly 3-8 chunks a lane at one
+ * token take its CPL form, the weight words all requested up front (H200, 1.5B bf16,
+ * batch 1: 671-684 vs 653-663 tokens/s with the loop, same build, alternating). */
+template <int T, bool SWIGLU>
+static mv_fn mv_kernel_of(int nt, int per_lane) {
+    if constexpr (T == LM_DTYPE_BF16 || T == LM_DTYPE_F16) {
+        if (nt == 1) switch (per_lane) {
+            case 3: return mv_kernel<T, 1, SWIGLU, 3>;
+            case 4: return mv_kernel<T, 1, SWIGLU, 4>;
+            case 6: return mv_kernel<T, 1, SWIGLU, 6>;
+            case 8: return mv_kernel<T, 1, SWIGLU, 8>;
+            default: break;
+            }
+    }
+    switch (nt) {
+    case 1: return mv_kernel<T, 1, SWIGLU>;
+    case 2: return mv_kernel<T, 2, SWIGLU>;
+    case 4: return mv_kernel<T, 4, SWIGLU>;
+    default: return mv_kernel<T, 8, SWIGLU>;
+    }
+}
+
 /* The weights w[0..n_w) (one format, one column count; n_w <= MV_MAX_SET) times x in
  * one launch per group of tokens. SWIGLU: w = (gate, up) of one shape and rows
  * short enough for two to a block; y[0] = silu(gate x) * (up x). */
@@ -222,44 +246,17 @@ static void launch_mv(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, c
                       float *const *y) {
     const mv_set set = mv_set_of(w, n_w, y);
     const int rows_all = set.end[n_w - 1];
-    int n_chunks = (int)(w[0]->cols / 8), wpr = mv_warps_per_row(n_chunks, w[0]->rows);
-    int rpb = (MV_THREADS / 32) / wpr;
-    dim3 block(MV_THREADS);
+    const int n_chunks = (int)(w[0]->cols / 8), wpr = mv_warps_per_row(n_chunks, w[0]->rows);
+    const int rpb = (MV_THREADS / 32) / wpr, cols = (int)w[0]->cols;
+    const int per_lane = n_chunks % (wpr * 32) == 0 ? n_chunks / (wpr * 32) : 0;
     const int64_t max_per_launch = (int64_t)MV_MAX_NT * 65535;
     for (int64_t t0 = 0; t0 < n; t0 += max_per_launch) {
         int nn = (int)(n - t0 < max_per_launch ? n - t0 : max_per_launch);
         int nt = nn == 1 ? 1 : nn == 2 ? 2 : nn <= 4 ? 4 : 8;
         dim3 grid((unsigned)((rows_all + rpb - 1) / rpb), (unsigned)((nn + nt - 1) / nt));
         /* the kernel indexes tokens from t_base, so x and y need no offset per weight */
-        int cols = (int)w[0]->cols, tb = (int)t0;
-        const float *xs = x + t0 * cols;
-        if constexpr (T == LM_DTYPE_BF16 || T == LM_DTYPE_F16) {
-            /* rows of exactly 3-8 chunks a lane, one token: the weight words all
-             * requested up front (H200, 1.5B bf16, batch 1: 671-684 vs 653-663
-             * tokens/s with the loop, same build, alternating) */
-            const int per_lane = n_chunks % (wpr * 32) == 0 ? n_chunks / (wpr * 32) : 0;
-            void (*kernel)(const mv_set, int, int, const float *, int, int, int) = NULL;
-            if (nt == 1) {
-                switch (per_lane) {
-                case 3: kernel = mv_kernel<T, 1, SWIGLU, 3>; break;
-                case 4: kernel = mv_kernel<T, 1, SWIGLU, 4>; break;
-                case 6: kernel = mv_kernel<T, 1, SWIGLU, 6>; break;
-                case 8: kernel = mv_kernel<T, 1, SWIGLU, 8>; break;
-                default: break;
-                }
-            }
-            if (kernel) {
-                lm_cuda_launch(cu, kernel, grid, block, set, n_chunks, cols, xs, nn, tb, wpr);
-                if (!lm_cuda_launched(cu, "mv_kernel")) return;
-                continue;
-            }
-        }
-        switch (nt) {
-        case 1: lm_cuda_launch(cu, mv_kernel<T, 1, SWIGLU>, grid, block, set, n_chunks, cols, xs, nn, tb, wpr); break;
-        case 2: lm_cuda_launch(cu, mv_kernel<T, 2, SWIGLU>, grid, block, set, n_chunks, cols, xs, nn, tb, wpr); break;
-        case 4: lm_cuda_launch(cu, mv_kernel<T, 4, SWIGLU>, grid, block, set, n_chunks, cols, xs, nn, tb, wpr); break;
-        default: lm_cuda_launch(cu, mv_kernel<T, 8, SWIGLU>, grid, block, set, n_chunks, cols, xs, nn, tb, wpr); break;
-        }
+        lm_cuda_launch(cu, mv_kernel_of<T, SWIGLU>(nt, per_lane), grid, dim3(MV_THREADS), set, n_chunks, cols,
+                       x + t0 * cols, nn, (int)t0, wpr);
         if (!lm_cuda_launched(cu, "mv_kernel")) return;
     }
 }
