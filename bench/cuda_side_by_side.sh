@@ -72,7 +72,7 @@ for _ in $(seq "${REPS:-2}"); do
     file="$GGUF"
     [ "$model" = HF ] && file="$HF"
     # shellcheck disable=SC2086 # envs: VAR=value words
-    r=$(env LUMEN_SIDE_BY_SIDE=1 ${envs:-} timeout 100 "$ROOT0/build-cuda-$tree/lumen" bench "$file" --backend cuda \
+    r=$(env ${envs:-} timeout 100 "$ROOT0/build-cuda-$tree/lumen" bench "$file" --backend cuda \
       -p 64 --parallel "$par" --parallel-prompt 128 -n 128 -r 3 2>&1 | grep -E "^ +$par " | awk '{print $3}')
     printf '%-16s %-4s x%-4s %-40s %s\n' "$tree" "$model" "$par" "${envs:-}" "${r:-failed}"
   done

@@ -118,9 +118,9 @@ typedef struct lm_cuda_backend {
     int smem_optin;         /* shared memory a block may ask for (bytes)            */
     size_t decode_smem_set[2]; /* decode_step kernels' shared memory as last set    */
     uint64_t *decode_prof;  /* LUMEN_CUDA_DECODE_PROFILE: decode_step's stage clocks (cuda_decode_step.cu) */
+    int decode_prof_layers;
     bool attn_prof_on;             /* LUMEN_CUDA_ATTN_PROFILE=1                                     */
     unsigned long long *attn_prof; /* then the decode attention's phase sums (cuda_attention_dec.cu) */
-    int decode_prof_layers;
     bool fused;        /* fused ops on (LUMEN_CUDA_FUSED=0 turns them off)       */
     bool finish_in_attention; /* qkv_finish left to the decode attention (LUMEN_CUDA_FINISH_IN_ATTN=0: never) */
     uint64_t op_seq;   /* entry points entered so far (lm_cuda_enter)           */
