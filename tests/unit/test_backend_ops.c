@@ -483,6 +483,7 @@ static void test_matmul(void) {
     test_matmul_swiglu(LM_DTYPE_Q4_K, 1536, false, 4100); /* gate and up in one 8-bit launch */
     /* 16-bit rows of exactly 3, 8 and 6 chunks a lane at one token (CPL in cuda_matmul.cu) */
     test_matmul_type(LM_DTYPE_BF16, 200, 1536, ns_mv, 4);
+    test_matmul_type(LM_DTYPE_BF16, 96, 8960, ns_mv, 2); /* 8.75 a lane: the loop */
     test_matmul_type(LM_DTYPE_F16, 4100, 2048, ns_mv, 2);
     test_matmul_type(LM_DTYPE_BF16, 9000, 1536, ns_mv, 2);
     test_matmul_swiglu(LM_DTYPE_BF16, 1536, false, 4100);
