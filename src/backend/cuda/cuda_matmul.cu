@@ -83,14 +83,16 @@
 
 enum { MV_THREADS = 128, MV_MAX_NT = 8 };
 
-/* The CPL form's blocks an SM that ptxas must allow, so its register budget. With no
- * bound ptxas keeps registers few by sinking each weight load to just before its
- * chunk's multiply-adds, and a lane had two of its weight words in flight at a time
- * (SASS, sm_90a, CUDA 13); at 4 (at most 128 registers) it requests them all first
- * (80 registers at 6 chunks a lane). */
-#ifndef MV_CPL_MIN_BLOCKS
-#define MV_CPL_MIN_BLOCKS 4
-#endif
+/* The blocks an SM that ptxas must allow mv_kernel (its launch bound), so its
+ * register budget: at most 128 a thread. Without it ptxas keeps registers few by
+ * sinking each weight load of the CPL form to just before its chunk's multiply-adds,
+ * so a lane had two of its weight words in flight at a time (SASS, sm_90a, CUDA 13);
+ * with it the lane requests them all first (80 registers at 6 chunks a lane). H200,
+ * 1.5B, batch 1, same call: bf16 687 -> 697-700 tokens/s; Q4_K_M (with the 8-bit
+ * kernel's bound, cuda_matmul_q8.cu, and this one on the loop too) 677-689 -> 698-700.
+ * Requesting the loop's 8-9 chunks a lane first as well (bf16 down projections; the
+ * last bound-checked, 122 registers) measured 697 vs 700: not done. */
+enum { MV_MIN_BLOCKS = 4 };
 
 /* Which weight of the set row `row` is in, and its row there. SWIGLU: the set is
  * (gate, up) interleaved, gate row r at 2r and up row r at 2r + 1. */
@@ -133,7 +135,7 @@ __device__ __forceinline__ void mv_fma8(float *acc, const float *w, const float 
 /* SWIGLU: the set is (gate, up) with rpb even, and y[0] gets silu(gate) * up, each
  * row summed exactly as without it (the per-row code does not change). */
 template <int T, int NT, bool SWIGLU, int CPL = 0>
-__global__ void __launch_bounds__(MV_THREADS, CPL > 0 ? MV_CPL_MIN_BLOCKS : 1)
+__global__ void __launch_bounds__(MV_THREADS, MV_MIN_BLOCKS)
     mv_kernel(const __grid_constant__ mv_set set, int n_chunks, int cols, const float *__restrict__ x, int n,
               int t_base, int wpr) {
     lm_pdl_enter();
