@@ -484,6 +484,12 @@ static void test_matmul(void) {
     /* 16-bit rows of exactly 3, 8 and 6 chunks a lane at one token (CPL in cuda_matmul.cu) */
     test_matmul_type(LM_DTYPE_BF16, 200, 1536, ns_mv, 4);
     test_matmul_type(LM_DTYPE_BF16, 96, 8960, ns_mv, 2); /* 8.75 a lane: the loop */
+    /* one token's quantized rows staged in shared memory (STAGE in cuda_matmul.cu): Q6_K
+     * rows of 7,350 bytes start off 16-byte boundaries; 99 of them end off one (the
+     * rows read in place) */
+    test_matmul_type(LM_DTYPE_Q6_K, 96, 8960, ns_mv, 2);
+    test_matmul_type(LM_DTYPE_Q6_K, 99, 8960, ns_mv, 1);
+    test_matmul_type(LM_DTYPE_Q4_K, 100, 8960, ns_mv, 1);
     test_matmul_type(LM_DTYPE_F16, 4100, 2048, ns_mv, 2);
     test_matmul_type(LM_DTYPE_BF16, 9000, 1536, ns_mv, 2);
     test_matmul_swiglu(LM_DTYPE_BF16, 1536, false, 4100);

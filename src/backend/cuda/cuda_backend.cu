@@ -687,6 +687,8 @@ extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
     cu->record_max_n = rec && atoll(rec) > 0 ? atoll(rec) : 256;
     const char *mv = getenv("LUMEN_CUDA_MV_MAX_N"); /* exact f32 products up to this many tokens */
     cu->mv_max_n = mv && mv[0] && atoll(mv) >= 0 ? atoll(mv) : 4;
+    const char *stage = getenv("LUMEN_CUDA_MV_STAGE"); /* 0: quantized rows read in place */
+    cu->mv_stage = !(stage && strcmp(stage, "0") == 0);
     const char *mvq = getenv("LUMEN_CUDA_MVQ"); /* 0: Q4_K/Q6_K products in f32 too */
     cu->mvq = !(mvq && strcmp(mvq, "0") == 0);
     const char *tc = getenv("LUMEN_CUDA_TC_MAX_N"); /* tensor-core products up to this many */

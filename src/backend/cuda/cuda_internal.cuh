@@ -110,6 +110,7 @@ typedef struct lm_cuda_backend {
     size_t scr_cap[LM_CUDA_SCR_COUNT];
     int64_t mv_max_n;  /* matmul: exact f32 matrix-vector kernel up to this many tokens */
     bool mvq;          /* matmul: Q4_K/Q6_K there over 8-bit activations (cuda_matmul_q8.cu; LUMEN_CUDA_MVQ=0: not) */
+    bool mv_stage;     /* matmul: one token's quantized rows staged in shared memory (LUMEN_CUDA_MV_STAGE=0: not) */
     int64_t tc_max_n;  /* matmul: tensor-core kernel up to this many tokens     */
     int64_t gemm_chunk; /* matmul: smallest GEMM width above both (padded)      */
     int64_t attn_dec_min_n; /* attention: tensor-core decode kernel from this many tokens */

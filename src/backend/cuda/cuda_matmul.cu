@@ -79,6 +79,7 @@
  * The paths round differently (f32 activations on the matrix-vector path, bf16 on
  * the others, which also sum in different orders), so a token decoded alone and the
  * same token inside a larger batch agree to about 1e-3, not to the bit. */
+#include "backend/cuda/cuda_bulk.cuh"
 #include "backend/cuda/cuda_matmul.cuh"
 
 enum { MV_THREADS = 128, MV_MAX_NT = 8 };
@@ -93,6 +94,14 @@ enum { MV_THREADS = 128, MV_MAX_NT = 8 };
  * Requesting the loop's 8-9 chunks a lane first as well (bf16 down projections; the
  * last bound-checked, 122 registers) measured 697 vs 700: not done. */
 enum { MV_MIN_BLOCKS = 4 };
+
+/* Formats whose rows are staged (mv_kernel's STAGE): the quantized ones, whose
+ * decoders read generic addresses. (Not the 16-bit ones: bf16 down projections
+ * staged, 17.5 KB a block, measured 609-615 vs 679-693 tokens/s at batch 1; their
+ * decoders load with global-only instructions anyway.) */
+static constexpr bool mv_stageable(int t) {
+    return t != LM_DTYPE_F32 && t != LM_DTYPE_F16 && t != LM_DTYPE_BF16;
+}
 
 /* Which weight of the set row `row` is in, and its row there. SWIGLU: the set is
  * (gate, up) interleaved, gate row r at 2r and up row r at 2r + 1. */
@@ -132,12 +141,33 @@ __device__ __forceinline__ void mv_fma8(float *acc, const float *w, const float 
     }
 }
 
+/* The block's rows [r0, r1) of the set's one weight copied whole into shared memory
+ * (16-byte copies, all requested at once; the caller checked that the weight's bytes
+ * end on a 16-byte boundary, so the last copy stays inside it), and row r0's first
+ * byte there: addresses keep their offset modulo 16, so the decoders' aligned reads
+ * stay aligned. */
+__device__ __forceinline__ const uint8_t *mv_stage_rows(const mv_set &set, int r0, int r1, uint4 *stage) {
+    const uintptr_t b0 = (uintptr_t)(set.W[0] + (size_t)r0 * set.row_bytes[0]);
+    const uintptr_t b1 = (uintptr_t)(set.W[0] + (size_t)r1 * set.row_bytes[0]), a0 = b0 & ~(uintptr_t)15;
+    const int words = (int)((b1 - a0 + 15) / 16);
+    for (int i = threadIdx.x; i < words; i += MV_THREADS)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(lm_smem_addr(stage + i)), "l"(a0 + 16 * (uintptr_t)i)
+                     : "memory");
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    __syncthreads();
+    return (const uint8_t *)stage + (b0 - a0);
+}
+
 /* SWIGLU: the set is (gate, up) with rpb even, and y[0] gets silu(gate) * up, each
- * row summed exactly as without it (the per-row code does not change). */
-template <int T, int NT, bool SWIGLU, int CPL = 0>
+ * row summed exactly as without it (the per-row code does not change). STAGE (one
+ * weight, one token, the loop): the block's rows are first copied whole into shared
+ * memory (mv_stage_rows) and decoded from there, so a chunk's dependent reads (a
+ * K-quant's scales, then its quants) are shared-memory trips, not memory ones. */
+template <int T, int NT, bool SWIGLU, int CPL = 0, bool STAGE = false>
 __global__ void __launch_bounds__(MV_THREADS, MV_MIN_BLOCKS)
     mv_kernel(const __grid_constant__ mv_set set, int n_chunks, int cols, const float *__restrict__ x, int n,
               int t_base, int wpr) {
+    static_assert(!STAGE || (CPL == 0 && NT == 1 && !SWIGLU), "rows are staged for the loop of one token");
     lm_pdl_enter();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int rpb = (MV_THREADS / 32) / wpr; /* rows per block */
@@ -147,10 +177,16 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MIN_BLOCKS)
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+    const uint8_t *staged = NULL;
+    if constexpr (STAGE) {
+        extern __shared__ __align__(16) uint4 mv_stage[];
+        const int r0 = blockIdx.x * rpb;
+        staged = mv_stage_rows(set, r0, min(r0 + rpb, rows_all), mv_stage) + (size_t)(row - r0) * set.row_bytes[0];
+    }
     if (row < rows_all) {
         int lr;
         const int k = mv_row_of<SWIGLU>(set, row, &lr);
-        const uint8_t *wr = set.W[k] + (size_t)lr * set.row_bytes[k];
+        const uint8_t *wr = STAGE ? staged : set.W[k] + (size_t)lr * set.row_bytes[k];
         if constexpr (CPL > 0) {
             /* exactly CPL chunks a lane (16-bit formats; the launch checked n_chunks ==
              * CPL * wpr * 32): every weight word is requested before the first
@@ -231,7 +267,7 @@ typedef void (*mv_fn)(const mv_set, int, int, const float *, int, int, int);
  * token take its CPL form, the weight words all requested up front (H200, 1.5B bf16,
  * batch 1: 671-684 vs 653-663 tokens/s with the loop, same build, alternating). */
 template <int T, bool SWIGLU>
-static mv_fn mv_kernel_of(int nt, int per_lane) {
+static mv_fn mv_kernel_of(int nt, int per_lane, bool stage) {
     if constexpr (T == LM_DTYPE_BF16 || T == LM_DTYPE_F16) {
         if (nt == 1) switch (per_lane) {
             case 3: return mv_kernel<T, 1, SWIGLU, 3>;
@@ -241,6 +277,8 @@ static mv_fn mv_kernel_of(int nt, int per_lane) {
             default: break;
             }
     }
+    if constexpr (!SWIGLU && mv_stageable(T))
+        if (stage) return mv_kernel<T, 1, false, 0, true>;
     switch (nt) {
     case 1: return mv_kernel<T, 1, SWIGLU>;
     case 2: return mv_kernel<T, 2, SWIGLU>;
@@ -260,14 +298,19 @@ static void launch_mv(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, c
     const int n_chunks = (int)(w[0]->cols / 8), wpr = mv_warps_per_row(n_chunks, w[0]->rows);
     const int rpb = (MV_THREADS / 32) / wpr, cols = (int)w[0]->cols;
     const int per_lane = n_chunks % (wpr * 32) == 0 ? n_chunks / (wpr * 32) : 0;
+    /* the staged loop (mv_kernel's STAGE): one quantized weight at one token, whose
+     * bytes end on a 16-byte boundary, a block's rows within 48 KB */
+    const size_t stage_bytes = (size_t)rpb * w[0]->row_bytes + 32;
+    const bool stage = cu->mv_stage && !SWIGLU && n == 1 && n_w == 1 && mv_stageable(T) && stage_bytes <= 48 * 1024 &&
+                       (w[0]->rows * w[0]->row_bytes) % 16 == 0 && ((uintptr_t)w[0]->data & 15) == 0;
     const int64_t max_per_launch = (int64_t)MV_MAX_NT * 65535;
     for (int64_t t0 = 0; t0 < n; t0 += max_per_launch) {
         int nn = (int)(n - t0 < max_per_launch ? n - t0 : max_per_launch);
         int nt = nn == 1 ? 1 : nn == 2 ? 2 : nn <= 4 ? 4 : 8;
         dim3 grid((unsigned)((rows_all + rpb - 1) / rpb), (unsigned)((nn + nt - 1) / nt));
         /* the kernel indexes tokens from t_base, so x and y need no offset per weight */
-        lm_cuda_launch(cu, mv_kernel_of<T, SWIGLU>(nt, per_lane), grid, dim3(MV_THREADS), set, n_chunks, cols,
-                       x + t0 * cols, nn, (int)t0, wpr);
+        lm_cuda_launch_smem(cu, mv_kernel_of<T, SWIGLU>(nt, per_lane, stage), grid, dim3(MV_THREADS),
+                            stage ? stage_bytes : 0, set, n_chunks, cols, x + t0 * cols, nn, (int)t0, wpr);
         if (!lm_cuda_launched(cu, "mv_kernel")) return;
     }
 }
