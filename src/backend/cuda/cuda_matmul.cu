@@ -45,7 +45,13 @@
  *    the CPL rows' weights requested before the PDL wait 649-656 vs 686; those rows
  *    streamed through 4-16 blocks an SM, the next group's weights ahead, 595-642 vs
  *    686; the up-front loads for 2-9 chunks a lane (the last bound-checked) 644-656
- *    vs 664-674 bf16; dropped.
+ *    vs 664-674 bf16; dropped. Thirteenth session (same setting, bf16; branches
+ *    kept): the add_rms_norm folded into the CPL product after it, every block
+ *    normalizing the row into shared memory while its weight words load
+ *    (mv-fold-norm, bit-equal) 580 vs 677; folded as a scalar after the sums (each
+ *    warp summing the squares of the h it loads anyway, the product before adding
+ *    into the residual itself: no extra trip, not bit-equal; mv-rstd) 634-645 vs
+ *    675-684, and 571 vs 698 under the launch bound below (127 registers); dropped.
  *
  *  - tensor cores (n <= tc_max_n, 32 unless LUMEN_CUDA_TC_MAX_N says otherwise; every
  *    format but F32, widths a multiple of 32): decode of 5-32 sequences.
