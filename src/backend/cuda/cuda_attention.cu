@@ -33,6 +33,7 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_attention_split.cuh"
+#include "backend/cuda/cuda_bulk.cuh"
 
 enum {
     ATT_WARPS = 8,   /* a warp per query head of the block */
@@ -62,13 +63,6 @@ __device__ __forceinline__ void token_range(const int32_t *meta, int t, int64_t 
     *lo = window > 0 && *pos - window + 1 > 0 ? (int)(*pos - window + 1) : 0;
     *n_split = (*pos - *lo + 1 + ATT_SPLIT - 1) / ATT_SPLIT;
 }
-
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-}
-
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
 /* q·k over one key row in shared memory, in dimension order. */
 template <bool F16, int HD>
@@ -193,10 +187,10 @@ __global__ void __launch_bounds__(ATT_THREADS)
         for (int i = threadIdx.x; i < nr * chunks_per_row; i += ATT_THREADS) {
             const int r = i / chunks_per_row, c = i % chunks_per_row;
             const int64_t off = (slot_sh[r] * d_kv + head_off) * ELEM + (int64_t)c * 16;
-            cp_async16(k_sh + (r * KST) * ELEM + c * 16, (const uint8_t *)K + off);
-            cp_async16(v_sh + (r * S::hd_max) * ELEM + c * 16, (const uint8_t *)V + off);
+            lm_cp_async16(k_sh + (r * KST) * ELEM + c * 16, (const uint8_t *)K + off);
+            lm_cp_async16(v_sh + (r * S::hd_max) * ELEM + c * 16, (const uint8_t *)V + off);
         }
-        cp_async_wait_all();
+        lm_cp_async_wait_all();
         __syncthreads();
 
 #pragma unroll

@@ -1,13 +1,24 @@
-/* Shared-memory mbarriers and bulk asynchronous copies (Hopper), as the persistent
- * decode kernel (cuda_decode_step.cu) and its stream benchmark (bench/bench_cuda_stream.cu)
- * use them: a producer arrives on a slot's barrier with the bytes to expect and starts
- * the copy, whose completion counts them down; consumers wait on the barrier's phase
- * parity. Depends on the CUDA runtime headers only. */
+/* Asynchronous copies into shared memory: 16-byte ones (the attention's and the
+ * matrix-vector kernel's staging), and mbarriers with bulk copies (Hopper), as the
+ * persistent decode kernel (cuda_decode_step.cu) and its stream benchmark
+ * (bench/bench_cuda_stream.cu) use them: a producer arrives on a slot's barrier with
+ * the bytes to expect and starts the copy, whose completion counts them down;
+ * consumers wait on the barrier's phase parity. Depends on the CUDA runtime headers
+ * only. */
 #pragma once
 
 #include <stdint.h>
 
 __device__ __forceinline__ uint32_t lm_smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+/* 16 bytes from global gmem to shared smem (both 16-byte aligned), asynchronously and
+ * past L1; lm_cp_async_wait_all waits for the thread's copies (then a barrier, for
+ * the block's) */
+__device__ __forceinline__ void lm_cp_async16(void *smem, const void *gmem) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(lm_smem_addr(smem)), "l"(gmem) : "memory");
+}
+
+__device__ __forceinline__ void lm_cp_async_wait_all(void) { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 __device__ __forceinline__ void lm_mbar_init(uint64_t *b, unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(lm_smem_addr(b)), "r"(count) : "memory");

@@ -156,10 +156,8 @@ __device__ __forceinline__ const uint8_t *mv_stage_rows(const mv_set &set, int r
     const uintptr_t b0 = (uintptr_t)(set.W[0] + (size_t)r0 * set.row_bytes[0]);
     const uintptr_t b1 = (uintptr_t)(set.W[0] + (size_t)r1 * set.row_bytes[0]), a0 = b0 & ~(uintptr_t)15;
     const int words = (int)((b1 - a0 + 15) / 16);
-    for (int i = threadIdx.x; i < words; i += MV_THREADS)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(lm_smem_addr(stage + i)), "l"(a0 + 16 * (uintptr_t)i)
-                     : "memory");
-    asm volatile("cp.async.wait_all;" ::: "memory");
+    for (int i = threadIdx.x; i < words; i += MV_THREADS) lm_cp_async16(stage + i, (const void *)(a0 + 16 * (uintptr_t)i));
+    lm_cp_async_wait_all();
     __syncthreads();
     return (const uint8_t *)stage + (b0 - a0);
 }
