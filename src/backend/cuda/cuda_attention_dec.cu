@@ -64,22 +64,38 @@ static const char *const dec_prof_names[DEC_PROF_PHASES] = {"before the wait", "
  * rotated as qkv_finish_kernel does them, into q_fin (and, by split 0, into q); the
  * split holding the token's own position also makes its KV head's key and value and
  * writes them to k, v and the cache before any warp reads the cache. */
-template <int HD, int THREADS>
+template <int HD, int THREADS, int MAXG>
 __device__ void dec_finish(const qf_args &f, const float *cs, const float *sn, int t, int hk, int h0, int group,
                            bool first, bool last, int64_t slot, float (*q_fin)[HD], float (*kv_fin)[HD]) {
     const int q_dim = f.n_head * HD, kv_dim = f.n_head_kv * HD, half = f.n_rot / 2;
     const float *in = f.in + (int64_t)t * (q_dim + 2 * kv_dim);
-    for (int e = threadIdx.x; e < group * HD; e += THREADS) {
-        const int i = (h0 + e / HD) * HD + e % HD;
-        q_fin[e / HD][e % HD] = f.bq ? __fadd_rn(in[i], f.bq[i]) : in[i];
-    }
-    if (last)
-        for (int e = threadIdx.x; e < 2 * HD; e += THREADS) {
-            const int which = e / HD, i = hk * HD + e % HD; /* 0: the key, 1: the value */
-            const float *b = f.bq ? (which ? f.bv : f.bk) : NULL; /* all three biases or none, as qkv_finish */
-            const float x = in[q_dim + which * kv_dim + i];
-            kv_fin[which][e % HD] = b ? __fadd_rn(x, b[i]) : x;
+    /* the group's query rows, then (last) the key and the value: every element a
+     * thread takes is loaded, with its bias, before the first is stored (a loop of
+     * load, add, store was a trip to memory an element) */
+    constexpr int PER = (MAXG * HD + 2 * HD + THREADS - 1) / THREADS;
+    const int n_q = group * HD, n_all = n_q + (last ? 2 * HD : 0);
+    float x[PER], b[PER];
+#pragma unroll
+    for (int k = 0; k < PER; k++) {
+        const int e = threadIdx.x + k * THREADS;
+        x[k] = 0.0f, b[k] = 0.0f;
+        if (e < n_q) {
+            const int i = (h0 + e / HD) * HD + e % HD;
+            x[k] = in[i];
+            if (f.bq) b[k] = f.bq[i];
+        } else if (e < n_all) {
+            const int which = (e - n_q) / HD, i = hk * HD + (e - n_q) % HD; /* 0: the key, 1: the value */
+            x[k] = in[q_dim + which * kv_dim + i];
+            if (f.bq) b[k] = (which ? f.bv : f.bk)[i]; /* all three biases or none, as qkv_finish */
         }
+    }
+#pragma unroll
+    for (int k = 0; k < PER; k++) {
+        const int e = threadIdx.x + k * THREADS;
+        const float v = f.bq ? __fadd_rn(x[k], b[k]) : x[k];
+        if (e < n_q) q_fin[e / HD][e % HD] = v;
+        else if (e < n_all) kv_fin[(e - n_q) / HD][(e - n_q) % HD] = v;
+    }
     __syncthreads();
     const int rows = group + (last ? 1 : 0); /* the query rows, then the key */
     for (int e = threadIdx.x; e < rows * half; e += THREADS) {
@@ -152,7 +168,7 @@ __global__ void __launch_bounds__(32 * WARPS)
     lm_pdl_enter();
     if (profiled) stamp[2] = lm_cuda_clock_ns();
     if (FIN)
-        dec_finish<HD, THREADS>(fin, cs, sn, t, hk, h0, group, split == 0, split == n_split - 1,
+        dec_finish<HD, THREADS, MAXG>(fin, cs, sn, t, hk, h0, group, split == 0, split == n_split - 1,
                                 (int64_t)table[p / TC_ROWS] * TC_ROWS + p % TC_ROWS, q_fin, kv_fin);
     if (profiled) stamp[3] = lm_cuda_clock_ns();
     /* the group's query heads are the rows */

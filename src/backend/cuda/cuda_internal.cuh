@@ -361,17 +361,28 @@ template <int THREADS>
 __device__ __forceinline__ void lm_cuda_norm_row(float *y, const float *add, const float *__restrict__ w, int64_t d,
                                                  float eps, float *out, double *part, __nv_bfloat16 *outb) {
     constexpr int NORM_CACHE = 8;
-    float v[NORM_CACHE], wv[NORM_CACHE];
+    float v[NORM_CACHE], wv[NORM_CACHE], av[NORM_CACHE];
     double sum = 0.0;
+    /* every load first, then the adds and their stores: a store to y between them
+     * (y and add may be one buffer) kept ptxas from issuing a load before the store
+     * ahead of it, a trip to memory an element (SASS, sm_90a) */
 #pragma unroll
     for (int c = 0; c < NORM_CACHE; c++) {
         const int64_t j = threadIdx.x + (int64_t)c * THREADS;
-        v[c] = 0.0f, wv[c] = 1.0f;
+        v[c] = 0.0f, wv[c] = 1.0f, av[c] = 0.0f;
         if (j < d) {
-            float a = y[j];
-            if (add) a = __fadd_rn(a, add[j]), y[j] = a;
-            v[c] = a;
+            v[c] = y[j];
+            if (add) av[c] = add[j];
             if (w) wv[c] = w[j];
+        }
+    }
+#pragma unroll
+    for (int c = 0; c < NORM_CACHE; c++) {
+        const int64_t j = threadIdx.x + (int64_t)c * THREADS;
+        if (j < d) {
+            float a = v[c];
+            if (add) a = __fadd_rn(a, av[c]), y[j] = a;
+            v[c] = a;
             sum += (double)a * (double)a;
         }
     }
