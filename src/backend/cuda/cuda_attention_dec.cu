@@ -160,9 +160,12 @@ __global__ void __launch_bounds__(32 * WARPS)
     const int kb_first = kb_begin + warp;
     const bool early = ahead && tc_early(HD) && kb_first <= kb_end && kb_first < kb_last;
     uint32_t kf[HD / 16][2][2], vf[tc_early(HD) ? HD / 8 : 1][2];
+    /* the first block's table entry before the wait as well, early or not: a warp
+     * starting on the token's own block then reads no table after the qkv_finish */
+    int32_t blk = kb_first <= kb_end ? table[kb_first] : 0;
     if (early) {
-        load_keys<HD>(K, table, kb_first, d_kv, head_off, g, c2, kf);
-        if constexpr (tc_early(HD)) load_values<HD>(V, table, kb_first, TC_ROWS - 1, d_kv, head_off, g, c2, vf);
+        load_keys<HD>(K, blk, d_kv, head_off, g, c2, kf);
+        if constexpr (tc_early(HD)) load_values<HD>(V, blk, TC_ROWS - 1, d_kv, head_off, g, c2, vf);
     }
     if (profiled) stamp[1] = lm_cuda_clock_ns();
     lm_pdl_enter();
@@ -180,17 +183,17 @@ __global__ void __launch_bounds__(32 * WARPS)
     if (early) {
         if constexpr (tc_early(HD)) {
             const int next = kb + WARPS <= kb_end ? kb + WARPS : -1;
-            tc_attend_block<HD, true, true>(K, V, table, kb, next, p - kb * TC_ROWS, d_kv, head_off, g, c2, qa, kf,
-                                            lo, pos, scale, m, l, o, vf);
+            tc_attend_block<HD, true, true>(K, V, table, kb, next, blk, p - kb * TC_ROWS, d_kv, head_off, g, c2, qa,
+                                            kf, lo, pos, scale, m, l, o, vf);
         }
         kb += WARPS;
     } else if (kb_first <= kb_end) {
-        load_keys<HD>(K, table, kb_first, d_kv, head_off, g, c2, kf);
+        load_keys<HD>(K, blk, d_kv, head_off, g, c2, kf);
     }
     for (; kb <= kb_end; kb += WARPS) {
         const int next = kb + WARPS <= kb_end ? kb + WARPS : -1;
-        tc_attend_block<HD, true>(K, V, table, kb, next, p - kb * TC_ROWS, d_kv, head_off, g, c2, qa, kf, lo, pos,
-                                  scale, m, l, o);
+        tc_attend_block<HD, true>(K, V, table, kb, next, blk, p - kb * TC_ROWS, d_kv, head_off, g, c2, qa, kf, lo,
+                                  pos, scale, m, l, o);
     }
 
     /* each warp's state, then the warps merged in warp order (a warp without blocks:
@@ -211,17 +214,25 @@ __global__ void __launch_bounds__(32 * WARPS)
     if (profiled) stamp[4] = lm_cuda_clock_ns();
     for (int e = threadIdx.x; e < group * HD; e += THREADS) {
         const int r = e / HD, d = e % HD;
+        /* every warp's state read and every weight taken before the sums in warp order,
+         * a warp without blocks dropped by selects (the same sums): with `if (mw ==
+         * -inf) continue` each warp had a branch, its shared read and exponential inside
+         * it waiting on the warp before (SASS, sm_90a) */
+        float mw[WARPS], lw[WARPS], ow[WARPS], c[WARPS];
         float M = -INFINITY;
 #pragma unroll
-        for (int w = 0; w < WARPS; w++) M = fmaxf(M, ml_sh[w][r][0]);
+        for (int w = 0; w < WARPS; w++) {
+            mw[w] = ml_sh[w][r][0], lw[w] = ml_sh[w][r][1], ow[w] = o_sh[w][r][d];
+            M = fmaxf(M, mw[w]);
+        }
+#pragma unroll
+        for (int w = 0; w < WARPS; w++) c[w] = expf(mw[w] - M);
         float L = 0.0f, O = 0.0f;
 #pragma unroll
         for (int w = 0; w < WARPS; w++) {
-            const float mw = ml_sh[w][r][0];
-            if (mw == -INFINITY) continue;
-            const float c = expf(mw - M);
-            L = fmaf(ml_sh[w][r][1], c, L);
-            O = fmaf(o_sh[w][r][d], c, O);
+            const bool none = mw[w] == -INFINITY;
+            const float Lw = fmaf(lw[w], c[w], L), Ow = fmaf(ow[w], c[w], O);
+            L = none ? L : Lw, O = none ? O : Ow;
         }
         if (n_split == 1) {
             store_out(out, outb, ((int64_t)t * n_head + h0 + r) * HD + d, O / L);

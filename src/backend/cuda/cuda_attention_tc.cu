@@ -51,9 +51,10 @@ __global__ void __launch_bounds__(32)
     const int64_t head_off = (int64_t)hk * HD;
     const int kb_first = first_lo / TC_ROWS, kb_last = last_pos / TC_ROWS;
     uint32_t kf[tc_early(HD) ? HD / 16 : 1][2][2];
-    if constexpr (tc_early(HD)) load_keys<HD>(K, table, kb_first, d_kv, head_off, g, c2, kf);
+    int32_t blk = table[kb_first];
+    if constexpr (tc_early(HD)) load_keys<HD>(K, blk, d_kv, head_off, g, c2, kf);
     for (int kb = kb_first; kb <= kb_last; kb++)
-        tc_attend_block<HD, false>(K, V, table, kb, kb < kb_last ? kb + 1 : -1, last_pos - kb * TC_ROWS, d_kv,
+        tc_attend_block<HD, false>(K, V, table, kb, kb < kb_last ? kb + 1 : -1, blk, last_pos - kb * TC_ROWS, d_kv,
                                    head_off, g, c2, qa, kf, lo, pos, scale, m, l, o);
 #pragma unroll
     for (int i = 0; i < 2; i++) {

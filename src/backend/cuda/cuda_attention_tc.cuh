@@ -40,10 +40,13 @@ __device__ __forceinline__ void key_frag(const __half *__restrict__ Kb, int kc, 
     *b1 = *(const uint32_t *)(kr + 8);
 }
 
+/* The keys of the KV block at cache block blk (its block table entry) as key_frag's
+ * fragments. The callers pass the entry in a register, loaded ahead: a table read here
+ * put a trip to memory before the keys' own. */
 template <int HD>
-__device__ __forceinline__ void load_keys(const __half *__restrict__ K, const int32_t *table, int kb, int64_t d_kv,
-                                          int64_t head_off, int g, int c2, uint32_t kf[HD / 16][2][2]) {
-    const __half *Kb = K + (int64_t)table[kb] * TC_ROWS * d_kv + head_off;
+__device__ __forceinline__ void load_keys(const __half *__restrict__ K, int32_t blk, int64_t d_kv, int64_t head_off,
+                                          int g, int c2, uint32_t kf[HD / 16][2][2]) {
+    const __half *Kb = K + (int64_t)blk * TC_ROWS * d_kv + head_off;
 #pragma unroll
     for (int kc = 0; kc < HD / 16; kc++)
 #pragma unroll
@@ -112,12 +115,19 @@ __device__ __forceinline__ void tc_softmax_block(const float s[2][4], int kb, co
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         mx = fmaxf(mx, m[i]);
-        const float corr = m[i] == -INFINITY ? 0.0f : expf(m[i] - mx);
+        /* every exponential taken, then the -inf ones dropped (the same values): with
+         * `x == -inf ? 0 : expf(...)` ptxas gave each its own branch, and a row's five
+         * ran one after another (SASS, sm_90a) */
+        float ex[5];
+#pragma unroll
+        for (int k = 0; k < 4; k++) ex[k] = expf(sv[k] - mx);
+        ex[4] = expf(m[i] - mx);
+        const float corr = m[i] == -INFINITY ? 0.0f : ex[4];
         __half ph[4], pl[4];
         float sum = 0.0f;
 #pragma unroll
         for (int k = 0; k < 4; k++) {
-            const float e = sv[k] == -INFINITY ? 0.0f : expf(sv[k] - mx);
+            const float e = sv[k] == -INFINITY ? 0.0f : ex[k];
             ph[k] = __float2half_rn(e);
             if constexpr (P32) {
                 pl[k] = __float2half_rn(e - __half2float(ph[k]));
@@ -138,12 +148,12 @@ __device__ __forceinline__ void tc_softmax_block(const float s[2][4], int kb, co
     }
 }
 
-/* Block kb's values (keys [0, valid] of it exist) as B fragments, as tc_attend_block
- * loads them. */
+/* The values of the KV block at cache block blk (keys [0, valid] of it exist) as B
+ * fragments, as tc_attend_block loads them. */
 template <int HD>
-__device__ __forceinline__ void load_values(const __half *__restrict__ V, const int32_t *table, int kb, int valid,
-                                            int64_t d_kv, int64_t head_off, int g, int c2, uint32_t vf[HD / 8][2]) {
-    const __half *Vb = V + (int64_t)table[kb] * TC_ROWS * d_kv + head_off;
+__device__ __forceinline__ void load_values(const __half *__restrict__ V, int32_t blk, int valid, int64_t d_kv,
+                                            int64_t head_off, int g, int c2, uint32_t vf[HD / 8][2]) {
+    const __half *Vb = V + (int64_t)blk * TC_ROWS * d_kv + head_off;
 #pragma unroll
     for (int j = 0; j < HD / 8; j++) load_value_frag(Vb, j, valid, d_kv, g, c2, &vf[j][0], &vf[j][1]);
 }
@@ -158,17 +168,24 @@ __host__ __device__ constexpr bool tc_early(int hd) { return hd <= 128; }
  * tc_early(HD), kf holds kb's keys as B fragments on entry and block `next`'s on exit
  * (next < 0: none), loaded while this block's scores and softmax are computed, and
  * the values are loaded as the block starts: a block costs about one trip to memory
- * instead of two after each other. */
+ * instead of two after each other. blk: kb's block table entry on entry, next's on
+ * exit. Reading the table here for kb (again: its entry came with its keys) and for
+ * next only after the products had each block's values, and with them its products
+ * (ptxas put them after the loads), wait on a table read, and next's keys on another
+ * (SASS, sm_90a). */
 template <int HD, bool P32, bool V_IN = false>
 __device__ __forceinline__ void tc_attend_block(const __half *__restrict__ K, const __half *__restrict__ V,
-                                                const int32_t *table, int kb, int next, int valid, int64_t d_kv,
-                                                int64_t head_off, int g, int c2, const uint32_t qa[HD / 16][4],
-                                                uint32_t kf[][2][2], const int lo[2], const int pos[2], float scale,
-                                                float m[2], float l[2], float o[HD / 8][4],
-                                                const uint32_t (*v_in)[2] = nullptr) {
+                                                const int32_t *table, int kb, int next, int32_t &blk, int valid,
+                                                int64_t d_kv, int64_t head_off, int g, int c2,
+                                                const uint32_t qa[HD / 16][4], uint32_t kf[][2][2], const int lo[2],
+                                                const int pos[2], float scale, float m[2], float l[2],
+                                                float o[HD / 8][4], const uint32_t (*v_in)[2] = nullptr) {
     constexpr bool early = tc_early(HD);
     static_assert(early || !V_IN, "values loaded ahead need the registers of tc_early");
-    const __half *Vb = V + (int64_t)table[kb] * TC_ROWS * d_kv + head_off;
+    /* (at head size 256 next's entry is read at the end: held across the block it
+     * cost a spill) */
+    const int32_t blk_next = early && next >= 0 ? table[next] : 0;
+    const __half *Vb = V + (int64_t)blk * TC_ROWS * d_kv + head_off;
     uint32_t vf[early ? HD / 8 : 1][2];
     if constexpr (early)
 #pragma unroll
@@ -184,9 +201,9 @@ __device__ __forceinline__ void tc_attend_block(const __half *__restrict__ K, co
         for (int kc = 0; kc < HD / 16; kc++)
 #pragma unroll
             for (int nt = 0; nt < 2; nt++) mma16816(s[nt], qa[kc], kf[kc][nt][0], kf[kc][nt][1]);
-        if (next >= 0) load_keys<HD>(K, table, next, d_kv, head_off, g, c2, kf);
+        if (next >= 0) load_keys<HD>(K, blk_next, d_kv, head_off, g, c2, kf);
     } else {
-        const __half *Kb = K + (int64_t)table[kb] * TC_ROWS * d_kv + head_off;
+        const __half *Kb = K + (int64_t)blk * TC_ROWS * d_kv + head_off;
 #pragma unroll
         for (int kc = 0; kc < HD / 16; kc++)
 #pragma unroll
@@ -213,6 +230,7 @@ __device__ __forceinline__ void tc_attend_block(const __half *__restrict__ K, co
             if constexpr (P32) mma16816(o[j], pa_lo, b0, b1);
         }
     }
+    blk = early ? blk_next : next >= 0 ? table[next] : 0;
 }
 
 #endif
