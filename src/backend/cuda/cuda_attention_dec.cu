@@ -152,7 +152,7 @@ __global__ void __launch_bounds__(32 * WARPS)
     const int32_t *table = meta + meta[n + t];
     if (FIN)
         for (int i = threadIdx.x; i < fin.n_rot / 2; i += THREADS)
-            lm_cuda_rope_cs(p, fin.freq_scale, fin.theta, i, fin.n_rot, &cs[i], &sn[i]);
+            lm_cuda_rope_cs_from(fin.rope, fin.rope_len, p, fin.freq_scale, fin.theta, i, fin.n_rot, &cs[i], &sn[i]);
     /* ahead: a warp's first KV block, when it lies wholly before the token's own
      * position, was written by earlier steps: its keys and values are loaded before
      * the wait, under the kernel before and this one's qkv_finish */

@@ -41,8 +41,16 @@ enum lm_cuda_scratch_slot {
     LM_CUDA_SCR_COUNTS, /* attention: split counters; decode_step: its barrier's */
                         /* (zeroed when allocated; the kernels leave them at zero) */
     LM_CUDA_SCR_DECODE, /* decode_step: Q/K/V, the FFN's hidden row, attention splits */
+    LM_CUDA_SCR_ROPE,   /* qkv_finish: RoPE's cos and sin by position (cuda_rope_table.cu), */
+    LM_CUDA_SCR_ROPE_LAST = LM_CUDA_SCR_ROPE + 1, /* one slot per (theta, scale, rotated dims) */
     LM_CUDA_SCR_COUNT
 };
+
+/* A RoPE table's key and length (positions), one per LM_CUDA_SCR_ROPE slot; len 0: empty. */
+typedef struct lm_cuda_rope_key {
+    float theta, freq_scale;
+    int n_rot, len;
+} lm_cuda_rope_key;
 
 typedef struct lm_cuda_meta {
     void *pinned;  /* page-locked staging the copy reads from */
@@ -81,6 +89,8 @@ typedef struct qf_args {
     int n_head, n_head_kv, hd, n_rot, neox;
     int64_t n, bs;
     void *K, *V; /* this layer's cache */
+    const float2 *rope; /* RoPE's (cos, sin) for positions [0, rope_len) (lm_cuda_rope_table), or NULL */
+    int rope_len;
 } qf_args;
 
 /* A qkv_finish left for the attention after it: its kernel's arguments and the call's. */
@@ -108,6 +118,7 @@ typedef struct lm_cuda_backend {
     lm_cuda_meta meta[LM_CUDA_META_COUNT];
     void *scr[LM_CUDA_SCR_COUNT];
     size_t scr_cap[LM_CUDA_SCR_COUNT];
+    lm_cuda_rope_key rope_key[LM_CUDA_SCR_ROPE_LAST - LM_CUDA_SCR_ROPE + 1]; /* what the RoPE slots hold */
     int64_t mv_max_n;  /* matmul: exact f32 matrix-vector kernel up to this many tokens */
     bool mvq;          /* matmul: Q4_K/Q6_K there over 8-bit activations (cuda_matmul_q8.cu; LUMEN_CUDA_MVQ=0: not) */
     bool mv_stage;     /* matmul: one token's quantized rows staged in shared memory (LUMEN_CUDA_MV_STAGE=0: not) */
@@ -430,6 +441,18 @@ __device__ __forceinline__ void lm_cuda_rope_cs(int32_t pos, float freq_scale, f
     *c = (float)cos(angle), *s = (float)sin(angle);
 }
 
+/* lm_cuda_rope_cs read from a RoPE table (lm_cuda_rope_table: tab[pos][i], filled by
+ * lm_cuda_rope_cs itself, so the same floats) where it holds pos, else computed. */
+__device__ __forceinline__ void lm_cuda_rope_cs_from(const float2 *tab, int len, int32_t pos, float freq_scale,
+                                                     float theta, int i, int n_rot, float *c, float *s) {
+    if (tab && pos >= 0 && pos < len) {
+        const float2 v = tab[(int64_t)pos * (n_rot / 2) + i];
+        *c = v.x, *s = v.y;
+    } else {
+        lm_cuda_rope_cs(pos, freq_scale, theta, i, n_rot, c, s);
+    }
+}
+
 /* Pair i of head x rotated by (c, s): dimensions (i, i + half) in NEOX mode, else
  * (2i, 2i + 1); each product and sum rounded on its own. */
 __device__ __forceinline__ void lm_cuda_rope_rotate(float *x, int i, int half, bool neox, float c, float s) {
@@ -502,6 +525,11 @@ void lm_cuda_finish_put_back(lm_cuda_backend *cu, const lm_cuda_finish *f);
 void lm_cuda_finish_flush(lm_cuda_backend *cu);
 /* qkv_finish's kernel on a (taken) finish's arguments. */
 void lm_cuda_finish_run(lm_cuda_backend *cu, const qf_args &a, const int32_t *meta, bool f16);
+/* RoPE's (cos, sin) for positions [0, *len) of pairs [0, n_rot / 2), [pos][pair], as
+ * lm_cuda_rope_cs computes them, for a cache of `positions` tokens (cuda_rope_table.cu);
+ * NULL (*len 0) where there is none to give: the kernels compute them. */
+const float2 *lm_cuda_rope_table(lm_cuda_backend *cu, float theta, float freq_scale, int n_rot, int64_t positions,
+                                 int *len);
 void lm_cuda_decode_profile_print(lm_cuda_backend *cu);
 /* LUMEN_CUDA_ATTN_PROFILE=1: the decode attention's phases, printed (and the counts
  * freed) when the backend is destroyed. */

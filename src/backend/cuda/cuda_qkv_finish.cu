@@ -2,7 +2,8 @@
  * k and v, the per-head RMS norms of q and k, RoPE of q and k, and the store of k and
  * v into the paged cache — one launch where the separate ops took seven, each stage
  * computed exactly as its own op computes it (same roundings, same summation order:
- * lm_cuda_block_sum_sq, lm_cuda_rope_angle), so the results are bit-identical.
+ * lm_cuda_block_sum_sq, lm_cuda_rope_angle; the angles' cos and sin from a table of
+ * them, cuda_rope_table.cu), so the results are bit-identical.
  * Right after a packed Q/K/V product (cuda_matmul.cu) it reads q, k and v from the
  * product's output, which is then never split into them by a launch of its own; and
  * there, with an F16 cache and no per-head norms, it is left pending for the
@@ -39,7 +40,7 @@ __global__ void __launch_bounds__(QF_THREADS) qkv_finish_kernel(const __grid_con
     const int32_t pos = meta[t];
     const int half = a.n_rot / 2;
     for (int i = threadIdx.x; i < half; i += QF_THREADS)
-        lm_cuda_rope_cs(pos, a.freq_scale, a.theta, i, a.n_rot, &cs[i], &sn[i]);
+        lm_cuda_rope_cs_from(a.rope, a.rope_len, pos, a.freq_scale, a.theta, i, a.n_rot, &cs[i], &sn[i]);
     const int32_t toff = meta[a.n + t];
     const int64_t slot = (int64_t)meta[toff + pos / a.bs] * a.bs + pos % a.bs;
     lm_pdl_enter();
@@ -110,6 +111,7 @@ extern "C" void lm_cuda_qkv_finish(lm_backend *b, lm_kv_cache *kv, int64_t layer
     a.n = n, a.bs = kv->block_size;
     const size_t layer_off = (size_t)(layer * kv->n_blocks * kv->block_size * kv->n_embd_kv) * kv->elem_size;
     a.K = (uint8_t *)kv->k + layer_off, a.V = (uint8_t *)kv->v + layer_off;
+    a.rope = lm_cuda_rope_table(cu, a.theta, a.freq_scale, a.n_rot, kv->n_blocks * kv->block_size, &a.rope_len);
     /* on a packed product (a decode step's GEMM path), with an F16 cache and no
      * per-head norms: left for the attention right after it to run in its blocks
      * (cuda_attention_dec.cu), one launch and one trip through memory fewer; any
