@@ -266,6 +266,7 @@ struct slice_smem {
     double sum[SL_THREADS / 32];
     int present[SL_THREADS / 32];
     uint32_t bound_keys[SL_THREADS], bound;
+    uint32_t last_key[SL_GROUP]; /* a bounded block's slices' REC-th best keys */
 };
 
 /* The slice's k best of a list of n entries per row, in list order, to
@@ -398,9 +399,21 @@ __global__ void __launch_bounds__(SL_THREADS, 4)
     const uint32_t *rk = rec_key + row * n_slices * REC;
     const int32_t *ri = rec_id + row * n_slices * REC;
 
-    /* the bound, by counting: one of the n_slices x bm <= SL_THREADS keys a thread */
+    /* every read of the summaries issued at once, none depends on the bound: a bound
+     * key a thread, the REC entries of warp w's slice first + w a lane, and its REC-th
+     * key to shared for every thread (read after the bound, they were three trips one
+     * after another, and one more a slice in the loop at the end) */
+    static_assert(SL_GROUP <= SL_THREADS / 32 && REC <= 32, "a warp a slice, a lane an entry");
     const int n_bounds = n_slices * bm;
-    if (tid < n_bounds) sh.bound_keys[tid] = rk[(tid / bm) * REC + tid % bm];
+    const int s = first + warp;
+    const bool rec_lane = warp < SL_GROUP && s < n_slices && lane < REC;
+    const uint32_t bound_key = tid < n_bounds ? rk[(tid / bm) * REC + tid % bm] : 0u;
+    const uint32_t rec_k = rec_lane ? rk[s * REC + lane] : 0u;
+    const int32_t rec_i = rec_lane ? ri[s * REC + lane] : -1;
+    if (tid < n_bounds) sh.bound_keys[tid] = bound_key;
+    if (rec_lane && lane == REC - 1) sh.last_key[warp] = rec_k;
+
+    /* the bound, by counting: one of the n_slices x bm <= SL_THREADS keys a thread */
     __syncthreads();
     if (tid < n_bounds) {
         const uint32_t mine = sh.bound_keys[tid];
@@ -411,19 +424,17 @@ __global__ void __launch_bounds__(SL_THREADS, 4)
     __syncthreads();
     const uint32_t bound = sh.bound;
     auto in_summary = [&](int s) { /* all its entries at or above the bound are in its summary */
-        return min((int64_t)SLICE, n - (int64_t)s * SLICE) <= REC || rk[s * REC + REC - 1] < bound;
+        return min((int64_t)SLICE, n - (int64_t)s * SLICE) <= REC || sh.last_key[s - first] < bound;
     };
 
-    static_assert(SL_GROUP <= SL_THREADS / 32, "a warp a slice");
-    const int s = first + warp;
     if (warp < SL_GROUP && s < n_slices && in_summary(s)) {
-        const bool take = lane < REC && lane < k && ri[s * REC + lane] >= 0 && rk[s * REC + lane] >= bound;
-        const int32_t id = take ? ri[s * REC + lane] : INT_MAX;
+        const bool take = lane < REC && lane < k && rec_i >= 0 && rec_k >= bound;
+        const int32_t id = take ? rec_i : INT_MAX;
         const unsigned taken = __ballot_sync(0xffffffffu, take);
         int pos = 0;
         for (int j = 0; j < REC; j++) pos += (taken >> j & 1u) && __shfl_sync(0xffffffffu, id, j) < id;
         const int64_t obase = (row * n_slices + s) * k;
-        if (take) out_key[obase + pos] = rk[s * REC + lane], out_id[obase + pos] = id;
+        if (take) out_key[obase + pos] = rec_k, out_id[obase + pos] = id;
         for (int i = __popc(taken) + lane; i < k; i += 32) out_key[obase + i] = 0u, out_id[obase + i] = -1;
     }
     for (int g = 0; g < SL_GROUP && first + g < n_slices; g++)
@@ -555,6 +566,8 @@ __global__ void __launch_bounds__(FIN_THREADS)
     __shared__ uint32_t few_key[FIN_THREADS];
     __shared__ int32_t few_id[FIN_THREADS];
     __shared__ double s_sum[S::NW];
+    __shared__ double st_sum[FIN_THREADS]; /* slice tid's sum and max, for the lse */
+    __shared__ float st_max[FIN_THREADS];
     __shared__ int s_nan;
     __shared__ float s_mx;
     lm_pdl_enter();
@@ -566,11 +579,29 @@ __global__ void __launch_bounds__(FIN_THREADS)
     int32_t *oid = out_ids + row * k;
     float *oval = out_vals + row * k;
 
+    /* the reads that depend on nothing issued first, together: the candidates' keys,
+     * and the stat of slice tid whole (its nan now; its sum and max kept in shared
+     * memory for the lse at the end, not in registers, which would spill with the
+     * wait on the load before the keys' loads). Behind the barriers, the stats, the
+     * keys and the stats again were three trips one after another. */
+    const uint32_t *kin = in_key + row * n_in;
+    const int32_t *iin = in_id + row * n_in;
+    uint32_t key[FIN_ITEMS];
+    unsigned present = 0;
+#pragma unroll
+    for (int j = 0; j < FIN_ITEMS; j++) {
+        const int i = j * FIN_THREADS + tid;
+        key[j] = i < n_in ? kin[i] : 0u;
+        if (i < n_in) present |= 1u << j;
+    }
+    const slice_stat st0 = tid < n_stats ? st[tid] : slice_stat{0.0, -INFINITY, INT_MAX};
+
     if (tid == 0) s_nan = INT_MAX;
     for (int i = tid; i < k; i += FIN_THREADS) rank[i] = 0;
     __syncthreads();
-    int nan = INT_MAX;
-    for (int s = tid; s < n_stats; s += FIN_THREADS) nan = min(nan, st[s].nan);
+    int nan = st0.nan;
+    st_sum[tid] = st0.sum, st_max[tid] = st0.max;
+    for (int s = tid + FIN_THREADS; s < n_stats; s += FIN_THREADS) nan = min(nan, st[s].nan);
     if (nan != INT_MAX) atomicMin(&s_nan, nan);
     __syncthreads();
     if (s_nan != INT_MAX) { /* the row is marked; the sampler reports the first NaN */
@@ -586,24 +617,14 @@ __global__ void __launch_bounds__(FIN_THREADS)
         return;
     }
 
-    /* the candidate of rank r: its id and logit out; the first's logit is the max
-     * (bit for bit the reference's) */
-    auto write_out = [&](int r, int32_t id) {
-        const float v = x[id];
+    /* the candidate of rank r: its id and logit v = x[id] out; the first's logit is
+     * the max (bit for bit the reference's). v is read as soon as the id is known,
+     * before the ranking, which then hides the trip. */
+    auto write_out = [&](int r, int32_t id, float v) {
         oid[r] = id;
         oval[r] = v;
         if (r == 0) s_mx = v, out_max[row] = v;
     };
-    const uint32_t *kin = in_key + row * n_in;
-    const int32_t *iin = in_id + row * n_in;
-    uint32_t key[FIN_ITEMS];
-    unsigned present = 0;
-#pragma unroll
-    for (int j = 0; j < FIN_ITEMS; j++) {
-        const int i = j * FIN_THREADS + tid;
-        key[j] = i < n_in ? kin[i] : 0u;
-        if (i < n_in) present |= 1u << j;
-    }
     /* few real candidates (padding has key 0, which no logit of a row without a NaN
      * has; the slices' bound leaves ~k of them): each is ranked by counting the ones
      * before it (ids are distinct: the ranks are a permutation), no select */
@@ -620,9 +641,10 @@ __global__ void __launch_bounds__(FIN_THREADS)
         if (tid < total) {
             const uint32_t kc = few_key[tid];
             const int32_t ic = few_id[tid];
+            const float v = x[ic];
             int r = 0;
             for (int j = 0; j < total; j++) r += better(few_key[j], few_id[j], kc, ic) ? 1 : 0;
-            if (r < k) write_out(r, ic);
+            if (r < k) write_out(r, ic, v);
         }
     } else {
         const cut c = radix_cut(key, present, n_in, k, sm);
@@ -637,15 +659,17 @@ __global__ void __launch_bounds__(FIN_THREADS)
         int p2 = 1;
         while (p2 < k) p2 <<= 1;
         const int parts = FIN_THREADS / p2, cidx = tid & (p2 - 1), part = tid / p2;
+        float v = 0.0f;
         if (cidx < k) {
             const uint32_t kc = cand_key[cidx];
             const int32_t ic = cand_id[cidx];
+            if (part == 0) v = x[ic];
             int cnt = 0;
             for (int j = part; j < k; j += parts) cnt += better(cand_key[j], cand_id[j], kc, ic) ? 1 : 0;
             if (cnt) atomicAdd(&rank[cidx], cnt);
         }
         __syncthreads();
-        if (part == 0 && cidx < k) write_out(rank[cidx], cand_id[cidx]);
+        if (part == 0 && cidx < k) write_out(rank[cidx], cand_id[cidx], v);
     }
     if (!want_lse) return;
     __syncthreads();
@@ -656,7 +680,8 @@ __global__ void __launch_bounds__(FIN_THREADS)
     }
     /* slices in a fixed order: thread t sums slices t, t + 1024, ..., then a fixed tree */
     double sum = 0.0;
-    for (int s = tid; s < n_stats; s += FIN_THREADS) {
+    if (tid < n_stats && st_sum[tid] != 0.0) sum += st_sum[tid] * exp((double)st_max[tid] - (double)mx);
+    for (int s = tid + FIN_THREADS; s < n_stats; s += FIN_THREADS) {
         const slice_stat q = st[s];
         if (q.sum != 0.0) sum += q.sum * exp((double)q.max - (double)mx);
     }
