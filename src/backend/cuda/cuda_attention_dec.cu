@@ -30,7 +30,12 @@
  * by earlier steps), is loaded before the PDL wait, so its keys and values arrive
  * under the kernel before and the qkv_finish (side by side on the H200, 1.5B bf16,
  * LUMEN_CUDA_ATTN_DEC_AHEAD=0 for the other: a step's GPU time at 64 sequences 2.032
- * -> 2.009 ms, 29,735 -> 30,094 tokens/s; at 256, 73,653 -> 74,304).
+ * -> 2.009 ms, 29,735 -> 30,094 tokens/s; at 256, 73,653 -> 74,304). Loading the
+ * token's own block there as well (its row put in from the qkv_finish's shared memory
+ * afterwards; branch attn-own-early) measured the same at batch 1 (fourteenth session,
+ * H200, 1.5B: bf16 750.7-751.5 vs 743.0-752.0 tokens/s, Q4_K_M 762-766 vs 761-765),
+ * and so did the warps' merge taking 4 elements a thread at once (attn-merge-unroll:
+ * 745.7-750.6 bf16; 32,865-33,107 vs 32,976-33,504 at 64 sequences); not kept.
  *
  * How a token is split and which warp takes which block depend only on its own
  * position and window and on the block's warp count, and the merge orders are fixed:

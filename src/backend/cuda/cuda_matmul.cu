@@ -52,6 +52,9 @@
  *    warp summing the squares of the h it loads anyway, the product before adding
  *    into the residual itself: no extra trip, not bit-equal; mv-rstd) 634-645 vs
  *    675-684, and 571 vs 698 under the launch bound below (127 registers); dropped.
+ *    Fourteenth session: bf16 rows of 1,120 chunks (the down projections) on 5 warps
+ *    a row, 160-thread blocks, so a lane had exactly 7 chunks in the CPL form
+ *    (mv-down5), 716.0-727.6 vs 721.5-731.5; dropped.
  *
  *  - tensor cores (n <= tc_max_n, 32 unless LUMEN_CUDA_TC_MAX_N says otherwise; every
  *    format but F32, widths a multiple of 32): decode of 5-32 sequences.
