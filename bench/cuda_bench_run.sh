@@ -185,7 +185,7 @@ step "op tests (test_backend_ops, quick: CUDA vs CPU)"
 st=0
 (cd "$ROOT" && LUMEN_TEST_OPS_QUICK=1 timeout 90 "$BUILD/tests/test_backend_ops") > "$OUT/ops.tmp" 2>&1 || st=$?
 grep -E "FAIL|comparisons|SKIPPED" "$OUT/ops.tmp" | head -12 | tee -a "$LOG" || true
-echo "op tests: status $st (0 pass, 1 failures, 77 skipped, 124 timed out)" | tee -a "$LOG"
+echo "op tests: status $st (0: pass, 1: failures, 77: skipped, 124: timed out)" | tee -a "$LOG"
 [ "$st" -eq 0 ] || [ "$st" -eq 77 ] || RC=1
 rm -f "$OUT/ops.tmp"
 

@@ -35,7 +35,10 @@
  * afterwards; branch attn-own-early) measured the same at batch 1 (fourteenth session,
  * H200, 1.5B: bf16 750.7-751.5 vs 743.0-752.0 tokens/s, Q4_K_M 762-766 vs 761-765),
  * and so did the warps' merge taking 4 elements a thread at once (attn-merge-unroll:
- * 745.7-750.6 bf16; 32,865-33,107 vs 32,976-33,504 at 64 sequences); not kept.
+ * 745.7-750.6 bf16; 32,865-33,107 vs 32,976-33,504 at 64 sequences), and a merge
+ * working out each row's weights once behind one more barrier (attn-merge-scales:
+ * 732.7-736.6 vs 721.5-731.5, measured before the merge's shared reads and
+ * exponentials left their branches, below); not kept.
  *
  * How a token is split and which warp takes which block depend only on its own
  * position and window and on the block's warp count, and the merge orders are fixed:

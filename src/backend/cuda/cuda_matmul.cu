@@ -54,7 +54,18 @@
  *    675-684, and 571 vs 698 under the launch bound below (127 registers); dropped.
  *    Fourteenth session: bf16 rows of 1,120 chunks (the down projections) on 5 warps
  *    a row, 160-thread blocks, so a lane had exactly 7 chunks in the CPL form
- *    (mv-down5), 716.0-727.6 vs 721.5-731.5; dropped.
+ *    (mv-down5), 716.0-727.6 vs 721.5-731.5; the launch bound at 8 blocks an SM (64
+ *    registers at 6 chunks a lane; mv-mb8) 733.8-738.2 vs 741.5-750.9 bf16 and
+ *    745.7-752.4 vs 755.0-760.6 Q4_K_M; one token's blocks of 256 or 512 threads, more
+ *    rows a block reading the activations once (mv-wide; 35 KB a row of the down
+ *    projections) 739.8-749.8 and 603.6-604.4 vs 749.9-750.8 bf16, 752.9-764.7 vs
+ *    758.9-763.0 Q4_K_M; the Q4_K scale and min selected instead of branched on, and
+ *    the staged loop 4 chunks at a time with no bound check between them
+ *    (k4-scale-select, q4-stage-groups: each chunk's shared reads and activations
+ *    then issued together, SASS) 755.7-760.7 and 748.9-762.3 vs 755.0-760.6 Q4_K_M;
+ *    the block split by shifts and a row's warps summed without a loop (mv-sass)
+ *    744.6-755.7 vs 749.9-750.8 bf16; all dropped. What makes the staged Q4_K down
+ *    projection take ~11.5 us for 7.7 MB is still not known.
  *
  *  - tensor cores (n <= tc_max_n, 32 unless LUMEN_CUDA_TC_MAX_N says otherwise; every
  *    format but F32, widths a multiple of 32): decode of 5-32 sequences.

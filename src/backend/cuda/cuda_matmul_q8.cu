@@ -28,7 +28,12 @@
  * their sums by shuffles and runs the float steps in super-block order. (A first
  * form gave each super-block to 8 lanes, 16 bytes of codes each, summed by shuffles,
  * and the float steps to one thread per row after a barrier: ~5 instructions an
- * element, 9.8 us for 8960x1536 rows, bound by issuing them.) */
+ * element, 9.8 us for 8960x1536 rows, bound by issuing them.) Issuing a block's first
+ * Q4_K weights before its input's quantization, and each round's next weights during
+ * the round (branch mvq-loads; 112 registers for gate/up), measured the same on the
+ * H200 at batch 1 (Q4_K_M 1.5B, fourteenth session: 748.9-760.7 vs 755.0-760.6
+ * tokens/s), and so did staging a block's rows in shared memory while it quantizes
+ * (mvq-stage: 655-660 vs 704-712, slower). */
 #include "backend/cuda/cuda_matmul.cuh"
 
 enum {
