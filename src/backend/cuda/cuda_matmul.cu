@@ -161,18 +161,17 @@ __device__ __forceinline__ void mv_fma8(float *acc, const float *w, const float 
     }
 }
 
-/* The block's rows [r0, r1) of the set's one weight copied whole into shared memory
- * (16-byte copies, all requested at once; the caller checked that the weight's bytes
- * end on a 16-byte boundary, so the last copy stays inside it), and row r0's first
- * byte there: addresses keep their offset modulo 16, so the decoders' aligned reads
- * stay aligned. */
+/* The block's rows [r0, r1) of the set's one weight requested whole into shared
+ * memory (16-byte copies, all at once; the caller checked that the weight's bytes end
+ * on a 16-byte boundary, so the last copy stays inside it), and row r0's first byte
+ * there: addresses keep their offset modulo 16, so the decoders' aligned reads stay
+ * aligned. The copies land after lm_cp_async_wait_all and a barrier. */
 __device__ __forceinline__ const uint8_t *mv_stage_rows(const mv_set &set, int r0, int r1, uint4 *stage) {
     const uintptr_t b0 = (uintptr_t)(set.W[0] + (size_t)r0 * set.row_bytes[0]);
     const uintptr_t b1 = (uintptr_t)(set.W[0] + (size_t)r1 * set.row_bytes[0]), a0 = b0 & ~(uintptr_t)15;
     const int words = (int)((b1 - a0 + 15) / 16);
-    for (int i = threadIdx.x; i < words; i += MV_THREADS) lm_cp_async16(stage + i, (const void *)(a0 + 16 * (uintptr_t)i));
-    lm_cp_async_wait_all();
-    __syncthreads();
+    for (int i = threadIdx.x; i < words; i += MV_THREADS)
+        lm_cp_async16(stage + i, (const void *)(a0 + 16 * (uintptr_t)i));
     return (const uint8_t *)stage + (b0 - a0);
 }
 
@@ -186,21 +185,29 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MIN_BLOCKS)
     mv_kernel(const __grid_constant__ mv_set set, int n_chunks, int cols, const float *__restrict__ x, int n,
               int t_base, int wpr) {
     static_assert(!STAGE || (CPL == 0 && NT == 1 && !SWIGLU), "rows are staged for the loop of one token");
-    lm_pdl_enter();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int rpb = (MV_THREADS / 32) / wpr; /* rows per block */
     const int row = blockIdx.x * rpb + warp / wpr, part = warp % wpr;
     const int t0 = blockIdx.y * NT;
     const int rows_all = set.end[set.n_w - 1];
-    float acc[NT];
-#pragma unroll
-    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
     const uint8_t *staged = NULL;
     if constexpr (STAGE) {
+        /* requested before the PDL wait: weights are written at load, never by the
+         * kernels before, so the block's rows stream into shared memory while the
+         * kernel before this one still runs (a Q4_K_M file's down projections follow
+         * the 8-bit gate/up product, which leaves the memory idle at 1.7 TB/s) */
         extern __shared__ __align__(16) uint4 mv_stage[];
         const int r0 = blockIdx.x * rpb;
         staged = mv_stage_rows(set, r0, min(r0 + rpb, rows_all), mv_stage) + (size_t)(row - r0) * set.row_bytes[0];
     }
+    lm_pdl_enter();
+    if constexpr (STAGE) {
+        lm_cp_async_wait_all();
+        __syncthreads();
+    }
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
     if (row < rows_all) {
         int lr;
         const int k = mv_row_of<SWIGLU>(set, row, &lr);

@@ -28,12 +28,16 @@
  * their sums by shuffles and runs the float steps in super-block order. (A first
  * form gave each super-block to 8 lanes, 16 bytes of codes each, summed by shuffles,
  * and the float steps to one thread per row after a barrier: ~5 instructions an
- * element, 9.8 us for 8960x1536 rows, bound by issuing them.) Issuing a block's first
- * Q4_K weights before its input's quantization, and each round's next weights during
- * the round (branch mvq-loads; 112 registers for gate/up), measured the same on the
- * H200 at batch 1 (Q4_K_M 1.5B, fourteenth session: 748.9-760.7 vs 755.0-760.6
- * tokens/s), and so did staging a block's rows in shared memory while it quantizes
- * (mvq-stage: 655-660 vs 704-712, slower). */
+ * element, 9.8 us for 8960x1536 rows, bound by issuing them.)
+ *
+ * A block's first round of Q4_K weights is requested before the PDL wait, so it
+ * streams in while the kernel before (a norm, one block) leaves the memory idle, and
+ * each round's next weights are in flight during the round. On the H200 at batch 1
+ * (Q4_K_M 1.5B, fourteenth session, one call): 748.9-760.3 -> 777.3-794.4 tokens/s
+ * (with the staged rows of cuda_matmul.cu requested before the wait too, 811.5-828.9);
+ * after the wait but before the quantization (mvq-loads) it had measured the same
+ * (748.9-760.7 vs 755.0-760.6). Staging a block's rows in shared memory while it
+ * quantizes (mvq-stage) was slower: 655-660 vs 704-712. */
 #include "backend/cuda/cuda_matmul.cuh"
 
 enum {
@@ -123,17 +127,32 @@ __device__ __forceinline__ void mvq_quantize_sb(const float *__restrict__ xs, in
 }
 
 /* ---- a super-block's integer sums, one thread --------------------------------- */
+/* A super-block's bytes in registers, loaded (mvq_load_sb) a round ahead of its sums:
+ * Q4_K's 144 in w[0..35], Q6_K's 52 or 53 aligned words and its d apart. */
+struct mvq_sbw {
+    uint32_t w[53];
+    unsigned short d6;
+};
+
 /* Q4_K (144 bytes): d, dmin (f16), 12 bytes of 6-bit scales and mins, 128 bytes of
  * codes: byte 32g + l holds value 64g + l (low nibble, sub-block 2g) and 64g + 32 + l
  * (high nibble, sub-block 2g + 1). S and M for NT tokens' codes q (token t at q + t *
  * cols, its 16-value sums at s16 + t * cols / 16). */
+__device__ __forceinline__ void mvq_q4k_load(const uint8_t *sb, mvq_sbw &b) {
+#pragma unroll
+    for (int p = 0; p < 9; p++) {
+        const uint4 v = __ldg((const uint4 *)sb + p);
+        b.w[4 * p] = v.x, b.w[4 * p + 1] = v.y, b.w[4 * p + 2] = v.z, b.w[4 * p + 3] = v.w;
+    }
+}
+
 template <int NT>
-__device__ __forceinline__ void mvq_q4k_sb(const uint8_t *sb, const int8_t *q, const int *s16, int cols, int nt,
+__device__ __forceinline__ void mvq_q4k_sb(const mvq_sbw &b, const int8_t *q, const int *s16, int cols, int nt,
                                            int S[NT], int M[NT], float *d, float *dmin) {
-    const uint4 h = __ldg((const uint4 *)sb);
+    const uint4 h = make_uint4(b.w[0], b.w[1], b.w[2], b.w[3]);
     uint4 c[8];
 #pragma unroll
-    for (int p = 0; p < 8; p++) c[p] = __ldg((const uint4 *)(sb + 16) + p);
+    for (int p = 0; p < 8; p++) c[p] = make_uint4(b.w[4 + 4 * p], b.w[5 + 4 * p], b.w[6 + 4 * p], b.w[7 + 4 * p]);
     /* the 8 scales and mins as bytes of two words each (the CPU's scales_k4) */
     const uint32_t u0 = h.y, u1 = h.z, u2 = h.w;
     const uint32_t scw[2] = {u0 & 0x3f3f3f3fu, (u2 & 0x0f0f0f0fu) | ((u0 >> 2) & 0x30303030u)};
@@ -174,15 +193,19 @@ __device__ __forceinline__ void mvq_q4k_sb(const uint8_t *sb, const int8_t *q, c
  * 16. The codes and scales as aligned words, 52 or 53 loads in flight at once (16-byte
  * pieces of five loads each took 80), a 32-bit value at offset o (a multiple of 4,
  * below 208) the two words around it funnel-shifted; d a load of its own. */
-template <int NT>
-__device__ __forceinline__ void mvq_q6k_sb(const uint8_t *sb, const int8_t *q, const int *s16, int cols, int nt,
-                                           int S[NT], int M[NT], float *d, float *dmin) {
+__device__ __forceinline__ void mvq_q6k_load(const uint8_t *sb, mvq_sbw &b) {
     const uint32_t *a = (const uint32_t *)((uintptr_t)sb & ~(uintptr_t)3);
-    const uint32_t sh = ((uint32_t)(uintptr_t)sb & 3u) * 8u;
-    uint32_t w[53];
 #pragma unroll
-    for (int i = 0; i < 52; i++) w[i] = __ldg(a + i);
-    w[52] = sh ? __ldg(a + 52) : 0u; /* past the super-block when it starts aligned */
+    for (int i = 0; i < 52; i++) b.w[i] = __ldg(a + i);
+    b.w[52] = ((uintptr_t)sb & 3u) ? __ldg(a + 52) : 0u; /* past the super-block when it starts aligned */
+    b.d6 = __ldg((const unsigned short *)(sb + 208));
+}
+
+template <int NT>
+__device__ __forceinline__ void mvq_q6k_sb(const uint8_t *sb, const mvq_sbw &b, const int8_t *q, const int *s16,
+                                           int cols, int nt, int S[NT], int M[NT], float *d, float *dmin) {
+    const uint32_t sh = ((uint32_t)(uintptr_t)sb & 3u) * 8u;
+    const uint32_t *w = b.w;
 #define MVQ_Q6K_AT(o) __funnelshift_r(w[(o) / 4], w[(o) / 4 + 1], sh)
 #pragma unroll
     for (int t = 0; t < NT; t++) S[t] = 0, M[t] = 0;
@@ -211,27 +234,46 @@ __device__ __forceinline__ void mvq_q6k_sb(const uint8_t *sb, const int8_t *q, c
             }
         }
     }
-    *d = __half2float(__ushort_as_half(__ldg((const unsigned short *)(sb + 208))));
+    *d = __half2float(__ushort_as_half(b.d6));
     *dmin = 0.0f;
 #undef MVQ_Q6K_AT
 }
 
+/* Super-block sb of a row's weights into b. */
+template <int T>
+__device__ __forceinline__ void mvq_load_sb(const uint8_t *wr, int sb, mvq_sbw &b) {
+    if (T == LM_DTYPE_Q4_K) mvq_q4k_load(wr + (size_t)sb * 144, b);
+    else mvq_q6k_load(wr + (size_t)sb * 210, b);
+}
+
 /* A row's super-blocks in rounds of L (its lane j takes c0 + j), acc[t] its sums for
  * the tokens: after each round the row's first lane takes the round's integer sums by
- * shuffles, in order, and runs the float steps. */
-template <int T, int NT>
+ * shuffles, in order, and runs the float steps. With PRE, nx holds the first round's
+ * bytes, loaded by the caller before the quantization. Q4_K's rounds put the next
+ * round's loads in flight before their sums (two rounds' bytes, 36 registers more);
+ * Q6_K's 53 words twice would not fit the launch bound's 128 registers (46-130 bytes
+ * of spills), so each round loads its own. */
+template <int T, int NT, bool PRE>
 __device__ __forceinline__ void mvq_rows(const uint8_t *wr, bool on, int j, int lane, int L, int nsb, int nt,
-                                         int cols, const int8_t *q, const float *da, const int *s16, float acc[NT]) {
+                                         int cols, const int8_t *q, const float *da, const int *s16, float acc[NT],
+                                         mvq_sbw &nx) {
     const int group = lane & ~(L - 1); /* the row's first lane */
     for (int c0 = 0; c0 < nsb; c0 += L) {
         const int sb = c0 + j;
+        mvq_sbw b; /* Q4_K: this round's bytes, nx the next round's; Q6_K: in nx */
+        if (T == LM_DTYPE_Q4_K) {
+            b = nx;
+            if (on && sb + L < nsb) mvq_load_sb<T>(wr, sb + L, nx);
+        } else if ((c0 > 0 || !PRE) && on && sb < nsb) {
+            mvq_load_sb<T>(wr, sb, nx);
+        }
         int S[NT], M[NT];
         float d = 0.0f, dmin = 0.0f;
         if (on && sb < nsb) {
             if (T == LM_DTYPE_Q4_K)
-                mvq_q4k_sb<NT>(wr + (size_t)sb * 144, q + 256 * sb, s16 + 16 * sb, cols, nt, S, M, &d, &dmin);
+                mvq_q4k_sb<NT>(b, q + 256 * sb, s16 + 16 * sb, cols, nt, S, M, &d, &dmin);
             else
-                mvq_q6k_sb<NT>(wr + (size_t)sb * 210, q + 256 * sb, s16 + 16 * sb, cols, nt, S, M, &d, &dmin);
+                mvq_q6k_sb<NT>(wr + (size_t)sb * 210, nx, q + 256 * sb, s16 + 16 * sb, cols, nt, S, M, &d, &dmin);
         } else {
 #pragma unroll
             for (int t = 0; t < NT; t++) S[t] = 0, M[t] = 0;
@@ -267,7 +309,6 @@ __global__ void __launch_bounds__(MVQ_THREADS, 4)
     int8_t *q = (int8_t *)(mvq_smem + l.q);
     float *da = (float *)(mvq_smem + l.da);
     int *s16 = (int *)(mvq_smem + l.s16);
-    lm_pdl_enter();
     const bool on = r < rows_all;
     const uint8_t *wr = NULL;
     int k = set.n_w - 1; /* rows past the end: the last weight's, as their warp's others */
@@ -277,6 +318,22 @@ __global__ void __launch_bounds__(MVQ_THREADS, 4)
         else k = mv_which(set, r), lr = r - (k ? set.end[k - 1] : 0);
         wr = set.W[k] + (size_t)lr * set.row_bytes[k];
     }
+    /* the first round's weights in flight before the quantization, which they do not
+     * depend on: they had been loaded after its barrier, their DRAM trip behind the
+     * reads of x, the reductions and the shared stores (sm_90a SASS). Not for Q6_K
+     * alone (the head): its 53 words live across the quantization take it from 95 to
+     * 115 registers, 5 blocks an SM to 4. */
+    constexpr bool PRE = T != LM_DTYPE_Q6_K;
+    mvq_sbw nx;
+    if (PRE && on && j < nsb) {
+        if (T == LM_DTYPE_Q4_K || (T == MVQ_MIXED && set.type[k] == LM_DTYPE_Q4_K))
+            mvq_load_sb<LM_DTYPE_Q4_K>(wr, j, nx);
+        else
+            mvq_load_sb<LM_DTYPE_Q6_K>(wr, j, nx);
+    }
+    /* the wait after them: weights are written at load, never by the kernels before,
+     * so the first round streams in while the kernel before this one (a norm) runs */
+    lm_pdl_enter();
     /* a super-block per 8 lanes, every lane through the same trips (the shuffles) */
     for (int p0 = 0; p0 < nt * nsb; p0 += MVQ_THREADS / 8) {
         const int p = p0 + (threadIdx.x >> 3), t = p / nsb, sb = p % nsb;
@@ -290,11 +347,11 @@ __global__ void __launch_bounds__(MVQ_THREADS, 4)
     for (int t = 0; t < NT; t++) acc[t] = 0.0f;
     if constexpr (T == MVQ_MIXED) { /* the warp's rows are of one weight (lm_cuda_mvq_mixable) */
         if (set.type[k] == LM_DTYPE_Q4_K)
-            mvq_rows<LM_DTYPE_Q4_K, NT>(wr, on, j, lane, L, nsb, nt, cols, q, da, s16, acc);
+            mvq_rows<LM_DTYPE_Q4_K, NT, PRE>(wr, on, j, lane, L, nsb, nt, cols, q, da, s16, acc, nx);
         else
-            mvq_rows<LM_DTYPE_Q6_K, NT>(wr, on, j, lane, L, nsb, nt, cols, q, da, s16, acc);
+            mvq_rows<LM_DTYPE_Q6_K, NT, PRE>(wr, on, j, lane, L, nsb, nt, cols, q, da, s16, acc, nx);
     } else {
-        mvq_rows<T, NT>(wr, on, j, lane, L, nsb, nt, cols, q, da, s16, acc);
+        mvq_rows<T, NT, PRE>(wr, on, j, lane, L, nsb, nt, cols, q, da, s16, acc, nx);
     }
     if (SWIGLU) { /* the up row's result from the next row's lanes */
 #pragma unroll
