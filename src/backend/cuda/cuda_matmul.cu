@@ -195,7 +195,8 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MIN_BLOCKS)
         /* requested before the PDL wait: weights are written at load, never by the
          * kernels before, so the block's rows stream into shared memory while the
          * kernel before this one still runs (a Q4_K_M file's down projections follow
-         * the 8-bit gate/up product, which leaves the memory idle at 1.7 TB/s) */
+         * the 8-bit gate/up product, which leaves the memory idle at 1.7 TB/s; H200,
+         * 1.5B, batch 1: 748.9-760.3 -> 780.6-796.8 tokens/s, same call) */
         extern __shared__ __align__(16) uint4 mv_stage[];
         const int r0 = blockIdx.x * rpb;
         staged = mv_stage_rows(set, r0, min(r0 + rpb, rows_all), mv_stage) + (size_t)(row - r0) * set.row_bytes[0];
