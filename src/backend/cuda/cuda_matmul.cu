@@ -64,8 +64,11 @@
  *    (k4-scale-select, q4-stage-groups: each chunk's shared reads and activations
  *    then issued together, SASS) 755.7-760.7 and 748.9-762.3 vs 755.0-760.6 Q4_K_M;
  *    the block split by shifts and a row's warps summed without a loop (mv-sass)
- *    744.6-755.7 vs 749.9-750.8 bf16; all dropped. What makes the staged Q4_K down
- *    projection take ~11.5 us for 7.7 MB is still not known.
+ *    744.6-755.7 vs 749.9-750.8 bf16; the output projection's CPL weights requested
+ *    before its PDL wait, under the two-block decode attention (mv-o-early, same
+ *    build with LUMEN_CUDA_MV_EARLY unset for the other) 754.0-765.5 vs 746.4-758.0
+ *    bf16; all dropped. A Q4_K_M file's staged rows, requested before the wait (below),
+ *    did gain.
  *
  *  - tensor cores (n <= tc_max_n, 32 unless LUMEN_CUDA_TC_MAX_N says otherwise; every
  *    format but F32, widths a multiple of 32): decode of 5-32 sequences.
