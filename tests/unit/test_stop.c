@@ -391,9 +391,9 @@ static void test_linear_time(void) {
     double t2 = seconds_for(m, text, big, &n2);
     CHECK(n1 == small && n2 == big); /* nothing matched, nothing lost */
     printf("stop: %.1f MiB in %.3f s, %.1f MiB in %.3f s\n", small / 1048576.0, t1, big / 1048576.0, t2);
-    /* linear: 4x the text should take ~4x the time (quadratic would be 16x); bounds
-     * are loose for a shared, busy machine */
-    CHECK(t2 < 2.0);
+    /* linear: 4x the text should take ~4x the time (quadratic would be 16x); a ratio
+     * of two runs of one process, loose for a shared, busy machine (an absolute bound
+     * failed under ASan beside other work) */
     CHECK(t2 < 10.0 * t1 + 0.05);
     lm_stop_matcher_free(m);
     free(text);
