@@ -461,6 +461,66 @@ static void test_matmul_swiglu(lm_dtype type, int64_t cols, bool packed, int64_t
     }
 }
 
+/* The down product over the 8-bit hand-off (cuda_matmul_q8h.cu): gate/up (Q4_K, d
+ * columns) by matmul_swiglu into h, then the down product (Q4_K, ff columns) on h
+ * right after, for 1-4 tokens. Within the 8-bit tolerance of the product of the h
+ * downloaded; not the bits of the same product over a copy of h (the f32 kernel: so
+ * the hand-off was taken; ff is large enough that every block of the gate/up kernel
+ * holds whole groups of 32 values on GPUs of up to 140 SMs); a token's result the
+ * same alone and among 4. */
+static void test_q8_handoff(int64_t d, int64_t ff, int64_t rows) {
+    if (!g_gpu->ops->matmul_swiglu) return;
+    test_weight w[3];
+    lm_weight *gw[3] = {NULL, NULL, NULL};
+    for (int k = 0; k < 3; k++) {
+        make_weight(&w[k], LM_DTYPE_Q4_K, k < 2 ? ff : rows, k < 2 ? d : ff);
+        CHECK(g_gpu->ops->weight_create(g_gpu, &w[k].t, &gw[k]) == LM_OK);
+    }
+    const int64_t n_max = 4;
+    float *x = fmalloc(n_max * d), *y1 = NULL;
+    fill(x, n_max * d, 1.0f);
+    for (int64_t n = 1; n <= n_max && gw[0] && gw[1] && gw[2]; n++) {
+        float *dx = gpu_upload(x, sizeof(float) * (size_t)(n * d));
+        float *dg = g_gpu->ops->alloc(g_gpu, sizeof(float) * (size_t)(n * ff));
+        float *du = g_gpu->ops->alloc(g_gpu, sizeof(float) * (size_t)(n * ff));
+        float *dy = g_gpu->ops->alloc(g_gpu, sizeof(float) * (size_t)(n * rows));
+        CHECK(g_gpu->ops->matmul_swiglu(g_gpu, gw[0], gw[1], dx, n, dg, du) == LM_OK);
+        CHECK(g_gpu->ops->matmul(g_gpu, gw[2], dg, n, dy) == LM_OK);
+        float *h = fmalloc(n * ff), *y = fmalloc(n * rows);
+        gpu_download(h, dg, sizeof(float) * (size_t)(n * ff));
+        gpu_download(y, dy, sizeof(float) * (size_t)(n * rows));
+        float *y32 = gpu_matmul(gw[2], h, n, rows, ff); /* h copied: no hand-off */
+        double *ref = malloc(sizeof(double) * (size_t)(n * rows));
+        for (int64_t t = 0; t < n; t++)
+            for (int64_t r = 0; r < rows; r++) {
+                double acc = 0.0;
+                for (int64_t k = 0; k < ff; k++) acc += (double)w[2].deq[r * ff + k] * h[t * ff + k];
+                ref[t * rows + r] = acc;
+            }
+        char what[64];
+        snprintf(what, sizeof what, "Q4_K %lldx%lld n=%lld over 8-bit h", (long long)rows, (long long)ff, (long long)n);
+        report("handoff", what, nerr_d(y, ref, n * rows), 1e-2);
+        if (bit_equal(y, y32, n * rows)) {
+            fprintf(stderr, "%s: the same bits as the f32 product: the hand-off was not taken\n", what);
+            CHECK(false);
+        }
+        if (n == 1) {
+            y1 = fmalloc(rows);
+            memcpy(y1, y, sizeof(float) * (size_t)rows);
+        } else if (!bit_equal(y, y1, rows)) {
+            fprintf(stderr, "%s: token 0 differs from its product alone\n", what);
+            CHECK(false);
+        }
+        free(h), free(y), free(y32), free(ref);
+        gpu_free(dx), gpu_free(dg), gpu_free(du), gpu_free(dy);
+    }
+    free(x), free(y1);
+    for (int k = 0; k < 3; k++) {
+        if (gw[k]) g_gpu->ops->weight_free(g_gpu, gw[k]);
+        free_weight(&w[k]);
+    }
+}
+
 static void test_matmul(void) {
     static const lm_dtype types[] = {LM_DTYPE_F32,  LM_DTYPE_F16,  LM_DTYPE_BF16, LM_DTYPE_Q4_0, LM_DTYPE_Q4_1,
                                      LM_DTYPE_Q5_0, LM_DTYPE_Q5_1, LM_DTYPE_Q8_0, LM_DTYPE_Q2_K, LM_DTYPE_Q3_K,
@@ -495,6 +555,8 @@ static void test_matmul(void) {
     test_matmul_swiglu(LM_DTYPE_BF16, 1536, false, 4100);
     test_matmul_many_mixed(64); /* one launch */
     test_matmul_many_mixed(40); /* Q6_K's rows would share a warp with Q4_K's: two */
+    test_q8_handoff(1536, 8960, 256);   /* a 1.5B model's FFN: two gate/up rows a lane */
+    test_q8_handoff(512, 17920, 99);    /* a row a lane, two rounds of chunks, a part-filled block */
     if (getenv("LUMEN_TEST_OPS_QUICK")) return; /* under compute-sanitizer */
     test_matmul_swiglu(LM_DTYPE_Q4_K, 4096, true, 72); /* decoded whole */
     test_matmul_many(LM_DTYPE_Q4_K, true);

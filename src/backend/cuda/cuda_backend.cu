@@ -691,6 +691,8 @@ extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
     cu->mv_stage = !(stage && strcmp(stage, "0") == 0);
     const char *mvq = getenv("LUMEN_CUDA_MVQ"); /* 0: Q4_K/Q6_K products in f32 too */
     cu->mvq = !(mvq && strcmp(mvq, "0") == 0);
+    const char *handoff = getenv("LUMEN_CUDA_Q8_HANDOFF"); /* 0: down products over f32 activations */
+    cu->q8_handoff = !(handoff && strcmp(handoff, "0") == 0);
     const char *tc = getenv("LUMEN_CUDA_TC_MAX_N"); /* tensor-core products up to this many */
     cu->tc_max_n = tc && tc[0] && atoll(tc) >= 0 ? atoll(tc) : 32;
     const char *prof = getenv("LUMEN_CUDA_PROFILE_N"); /* see lm_cuda_pass_begin */

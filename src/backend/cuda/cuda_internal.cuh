@@ -33,6 +33,7 @@ enum lm_cuda_meta_kind { LM_CUDA_META_POS, LM_CUDA_META_ATTN, LM_CUDA_META_IDS, 
 enum lm_cuda_scratch_slot {
     LM_CUDA_SCR_WTILE, /* matmul: a tile of weight rows dequantized to bf16    */
     LM_CUDA_SCR_XB,    /* matmul: activations as bf16 (or padded f32)          */
+    LM_CUDA_SCR_XQ,    /* matmul: swiglu's output in 8 bits for the down product */
     LM_CUDA_SCR_Y,     /* matmul: one GEMM chunk's output                      */
     LM_CUDA_SCR_YPACK, /* matmul: one chunk of packed weights' product         */
     LM_CUDA_SCR_ATTN,  /* attention: split partials                            */
@@ -122,6 +123,7 @@ typedef struct lm_cuda_backend {
     int64_t mv_max_n;  /* matmul: exact f32 matrix-vector kernel up to this many tokens */
     bool mvq;          /* matmul: Q4_K/Q6_K there over 8-bit activations (cuda_matmul_q8.cu; LUMEN_CUDA_MVQ=0: not) */
     bool mv_stage;     /* matmul: one token's quantized rows staged in shared memory (LUMEN_CUDA_MV_STAGE=0: not) */
+    bool q8_handoff;   /* matmul: swiglu's output handed to the down product in 8 bits (LUMEN_CUDA_Q8_HANDOFF=0: not) */
     int64_t tc_max_n;  /* matmul: tensor-core kernel up to this many tokens     */
     int64_t gemm_chunk; /* matmul: smallest GEMM width above both (padded)      */
     int64_t attn_dec_min_n; /* attention: tensor-core decode kernel from this many tokens */
@@ -141,6 +143,11 @@ typedef struct lm_cuda_backend {
     const float *gemm_in_src;
     int64_t gemm_in_count;
     uint64_t gemm_in_seq;
+    /* the 8-bit copy of its output an 8-bit gate/up product left in the XQ scratch for
+     * the down product (cuda_matmul_q8h.cu): its source, element count and op_seq */
+    const float *q8_in_src;
+    int64_t q8_in_count;
+    uint64_t q8_in_seq;
     /* a packed Q/K/V product not yet split into its outputs (cuda_matmul.cu): the next
      * op takes it in place if it is qkv_finish on those outputs, else it is split as
      * that op enters (lm_cuda_enter). ys: NULL when none. */

@@ -17,7 +17,9 @@
  *    registers. Exact f32 arithmetic on the exactly decoded weights, except Q4_K
  *    and Q6_K weights over at most 4,096 columns: those take cuda_matmul_q8.cu, the
  *    CPU's 8-bit arithmetic to the bit (x1 on the H200, Q4_K_M 1.5B: 582 vs 481
- *    tokens/s with gate/up and the head there; LUMEN_CUDA_MVQ=0 keeps them here). A
+ *    tokens/s with gate/up and the head there; LUMEN_CUDA_MVQ=0 keeps them here), and
+ *    Q4_K down projections right after that kernel's gate/up product: those take
+ *    cuda_matmul_q8h.cu, over the 8-bit copy of swiglu's output it hands off. A
  *    token's result never depends on the other tokens: each has its own accumulator
  *    and the same summation order (lane partials in k order, a fixed butterfly, then
  *    the row's warps in index order), whatever the group it is computed in.
@@ -694,6 +696,7 @@ extern "C" lm_status lm_cuda_matmul(lm_backend *b, const lm_weight *w, const flo
     if (st || n <= 0 || lm_cuda_replaying(cu)) return st;
     switch (path_of(cu, w, n)) {
     case PATH_MV:
+        if (lm_cuda_q8h_take(cu, w, x, n, y)) break; /* a down product over swiglu's 8-bit hand-off */
         if ((st = mv_dispatch(cu, &w, 1, x, n, &y))) return st;
         break;
     case PATH_TC: lm_cuda_matmul_tc(cu, &w, 1, x, n, &y); break;

@@ -60,6 +60,26 @@ bool lm_cuda_mvq_mixable(const lm_cuda_backend *cu, const lm_weight *a, const lm
 void lm_cuda_mvq(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, const float *x, int64_t n,
                  float *const *y, bool swiglu);
 
+/* The 8-bit hand-off from the gate/up product to the down product (cuda_matmul_q8h.cu):
+ * swiglu's output h [n][ff] also written as codes q [n][ff] with a scale da [n][ff /
+ * 32] per 32 values (h ~ q * da) and the codes' sum s16 [n][ff / 16] per 16. q NULL:
+ * none. */
+typedef struct mv_q8h {
+    int8_t *q;
+    float *da;
+    int *s16;
+    int ff;
+} mv_q8h;
+
+/* Where the 8-bit gate/up kernel writes swiglu's output h [n][ff] in 8 bits too: a
+ * hand-off the next op takes if it is the down product on h (lm_cuda_q8h_take), or
+ * q NULL when none is offered (fused ops or the hand-off off, a block's pairs not whole
+ * groups of 32, the scratch not had). pairs_per_block: the kernel's rows a block / 2. */
+mv_q8h lm_cuda_q8h_offer(lm_cuda_backend *cu, const float *h, int64_t n, int64_t ff, int pairs_per_block);
+/* Whether y = w x is done from the hand-off (w Q4_K of as many columns as h, x the
+ * h offered by the op just before, n its tokens): then done (errors recorded). */
+bool lm_cuda_q8h_take(lm_cuda_backend *cu, const lm_weight *w, const float *x, int64_t n, float *y);
+
 /* The tensor-core path (cuda_matmul_tc.cu): y = W x for the n tokens of x, W of a
  * format tc_supports() accepts. Errors are recorded on the backend. */
 bool lm_cuda_tc_supports(const lm_weight *w);

@@ -293,6 +293,33 @@ __device__ __forceinline__ void mvq_rows(const uint8_t *wr, bool on, int j, int 
     }
 }
 
+/* The 8-bit hand-off (mv_q8h) of a block's h: its `pairs` values a token (a whole
+ * number of groups of 32, from p0, a multiple of 32) in hs, a group per warp: the
+ * largest magnitude am, da = am / 127, codes round(h * 127 / am) (0 where am is 0),
+ * and the codes' sums by 16. Every token's codes depend on its own h alone. */
+__device__ __forceinline__ void mvq_hand_off(const mv_q8h &h8, const float (*hs)[MVQ_THREADS / 2], int p0, int pairs,
+                                             int t0, int nt) {
+    __syncthreads();
+    const int lane = threadIdx.x & 31, groups = pairs / 32;
+    for (int job = threadIdx.x >> 5; job < nt * groups; job += MVQ_THREADS / 32) {
+        const int t = job / groups, g = job % groups, e = p0 + 32 * g;
+        if (e >= h8.ff) continue; /* a group past the end is wholly past it (ff % 32 == 0) */
+        const float v = hs[t][32 * g + lane];
+        float am = fabsf(v);
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, off));
+        const float is = am > 0.0f ? __fdiv_rn(127.0f, am) : 0.0f;
+        const int c = max(-127, min(127, __float2int_rn(v * is)));
+        const size_t row = (size_t)(t0 + t) * h8.ff;
+        h8.q[row + e + lane] = (int8_t)c;
+        int s = c;
+#pragma unroll
+        for (int off = 8; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+        if ((lane & 15) == 0) h8.s16[row / 16 + (e + lane) / 16] = s;
+        if (lane == 0) h8.da[row / 32 + e / 32] = __fdiv_rn(am, 127.0f);
+    }
+}
+
 /* L lanes a row (a power of two up to 8); SWIGLU: the set is (gate, up) with rows
  * interleaved (gate r at 2r, up r at 2r + 1), y[0] = silu(gate) * up. The launch
  * bound (4 blocks an SM, 128 registers) lets ptxas schedule the weight loads earlier,
@@ -300,7 +327,7 @@ __device__ __forceinline__ void mvq_rows(const uint8_t *wr, bool on, int j, int 
  * batch 1 on the H200 689 -> 695-698 tokens/s. */
 template <int T, int NT, bool SWIGLU>
 __global__ void __launch_bounds__(MVQ_THREADS, 4)
-    mvq_kernel(const __grid_constant__ mv_set set, int cols, const float *__restrict__ x, int n, int L) {
+    mvq_kernel(const __grid_constant__ mv_set set, int cols, const float *__restrict__ x, int n, int L, mv_q8h h8) {
     extern __shared__ __align__(16) uint8_t mvq_smem[];
     const int nsb = cols / 256, lane = threadIdx.x & 31, j = lane & (L - 1);
     const int t0 = blockIdx.y * NT, nt = min(NT, n - t0);
@@ -353,13 +380,18 @@ __global__ void __launch_bounds__(MVQ_THREADS, 4)
     } else {
         mvq_rows<T, NT, PRE>(wr, on, j, lane, L, nsb, nt, cols, q, da, s16, acc, nx);
     }
-    if (SWIGLU) { /* the up row's result from the next row's lanes */
+    if constexpr (SWIGLU) { /* the up row's result from the next row's lanes */
+        __shared__ float hs[NT][MVQ_THREADS / 2]; /* the block's h by token, for the hand-off */
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             const float u = __shfl_down_sync(0xffffffffu, acc[t], L);
-            if (on && j == 0 && (r & 1) == 0 && t < nt)
-                set.y[0][(size_t)(t0 + t) * set.rows[0] + (r >> 1)] = lm_swiglu1(acc[t], u);
+            if (on && j == 0 && (r & 1) == 0 && t < nt) {
+                const float h = lm_swiglu1(acc[t], u);
+                set.y[0][(size_t)(t0 + t) * set.rows[0] + (r >> 1)] = h;
+                hs[t][threadIdx.x / (2 * L)] = h;
+            }
         }
+        if (h8.q) mvq_hand_off(h8, hs, blockIdx.x * (MVQ_THREADS / (2 * L)), MVQ_THREADS / (2 * L), t0, nt);
         return;
     }
     if (!on || j != 0) return;
@@ -385,22 +417,26 @@ template <int T, bool SWIGLU>
 static void mvq_launch(lm_cuda_backend *cu, const mv_set &set, int64_t cols, const float *x, int64_t n) {
     const int rows_all = set.end[set.n_w - 1], L = mvq_lanes_per_row(rows_all, cu->n_sm), rpb = MVQ_THREADS / L;
     const int nt = n == 1 ? 1 : n == 2 ? 2 : 4;
+    mv_q8h h8 = {};
+    if (SWIGLU) h8 = lm_cuda_q8h_offer(cu, set.y[0], n, set.rows[0], rpb / 2);
     const size_t smem = (size_t)mvq_layout_of(nt, (int)cols).bytes;
     for (int64_t g0 = 0; g0 < n; g0 += (int64_t)nt * 65535) {
         const int nn = (int)(n - g0 < (int64_t)nt * 65535 ? n - g0 : (int64_t)nt * 65535);
         mv_set s = set;
         for (int k = 0; k < s.n_w; k++) s.y[k] += g0 * s.rows[k];
+        mv_q8h hg = h8; /* the same offset into the hand-off */
+        if (hg.q) hg.q += g0 * hg.ff, hg.da += g0 * (hg.ff / 32), hg.s16 += g0 * (hg.ff / 16);
         const dim3 grid((unsigned)((rows_all + rpb - 1) / rpb), (unsigned)((nn + nt - 1) / nt));
         const float *xs = x + g0 * cols;
         switch (nt) {
         case 1:
-            lm_cuda_launch_smem(cu, mvq_kernel<T, 1, SWIGLU>, grid, MVQ_THREADS, smem, s, (int)cols, xs, nn, L);
+            lm_cuda_launch_smem(cu, mvq_kernel<T, 1, SWIGLU>, grid, MVQ_THREADS, smem, s, (int)cols, xs, nn, L, hg);
             break;
         case 2:
-            lm_cuda_launch_smem(cu, mvq_kernel<T, 2, SWIGLU>, grid, MVQ_THREADS, smem, s, (int)cols, xs, nn, L);
+            lm_cuda_launch_smem(cu, mvq_kernel<T, 2, SWIGLU>, grid, MVQ_THREADS, smem, s, (int)cols, xs, nn, L, hg);
             break;
         default:
-            lm_cuda_launch_smem(cu, mvq_kernel<T, 4, SWIGLU>, grid, MVQ_THREADS, smem, s, (int)cols, xs, nn, L);
+            lm_cuda_launch_smem(cu, mvq_kernel<T, 4, SWIGLU>, grid, MVQ_THREADS, smem, s, (int)cols, xs, nn, L, hg);
             break;
         }
         if (!lm_cuda_launched(cu, "mvq_kernel")) return;
