@@ -462,18 +462,18 @@ static void test_matmul_swiglu(lm_dtype type, int64_t cols, bool packed, int64_t
 }
 
 /* The down product over the 8-bit hand-off (cuda_matmul_q8h.cu): gate/up (Q4_K, d
- * columns) by matmul_swiglu into h, then the down product (Q4_K, ff columns) on h
+ * columns) by matmul_swiglu into h, then the down product (`type`, ff columns) on h
  * right after, for 1-4 tokens. Within the 8-bit tolerance of the product of the h
  * downloaded; not the bits of the same product over a copy of h (the f32 kernel: so
  * the hand-off was taken; ff is large enough that every block of the gate/up kernel
  * holds whole groups of 32 values on GPUs of up to 140 SMs); a token's result the
  * same alone and among 4. */
-static void test_q8_handoff(int64_t d, int64_t ff, int64_t rows) {
+static void test_q8_handoff(lm_dtype type, int64_t d, int64_t ff, int64_t rows) {
     if (!g_gpu->ops->matmul_swiglu) return;
     test_weight w[3];
     lm_weight *gw[3] = {NULL, NULL, NULL};
     for (int k = 0; k < 3; k++) {
-        make_weight(&w[k], LM_DTYPE_Q4_K, k < 2 ? ff : rows, k < 2 ? d : ff);
+        make_weight(&w[k], k < 2 ? LM_DTYPE_Q4_K : type, k < 2 ? ff : rows, k < 2 ? d : ff);
         CHECK(g_gpu->ops->weight_create(g_gpu, &w[k].t, &gw[k]) == LM_OK);
     }
     const int64_t n_max = 4;
@@ -498,7 +498,8 @@ static void test_q8_handoff(int64_t d, int64_t ff, int64_t rows) {
                 ref[t * rows + r] = acc;
             }
         char what[64];
-        snprintf(what, sizeof what, "Q4_K %lldx%lld n=%lld over 8-bit h", (long long)rows, (long long)ff, (long long)n);
+        snprintf(what, sizeof what, "%s %lldx%lld n=%lld over 8-bit h", lm_dtype_name(type), (long long)rows,
+                 (long long)ff, (long long)n);
         report("handoff", what, nerr_d(y, ref, n * rows), 1e-2);
         if (bit_equal(y, y32, n * rows)) {
             fprintf(stderr, "%s: the same bits as the f32 product: the hand-off was not taken\n", what);
@@ -555,8 +556,9 @@ static void test_matmul(void) {
     test_matmul_swiglu(LM_DTYPE_BF16, 1536, false, 4100);
     test_matmul_many_mixed(64); /* one launch */
     test_matmul_many_mixed(40); /* Q6_K's rows would share a warp with Q4_K's: two */
-    test_q8_handoff(1536, 8960, 256);   /* a 1.5B model's FFN: two gate/up rows a lane */
-    test_q8_handoff(512, 17920, 99);    /* a row a lane, two rounds of chunks, a part-filled block */
+    test_q8_handoff(LM_DTYPE_Q4_K, 1536, 8960, 256); /* a 1.5B model's FFN: two gate/up rows a lane */
+    test_q8_handoff(LM_DTYPE_Q6_K, 1536, 8960, 256); /* rows staged from every 2-byte misalignment */
+    test_q8_handoff(LM_DTYPE_Q4_K, 512, 17920, 99);  /* a row a lane, two rounds of chunks, a part-filled block */
     if (getenv("LUMEN_TEST_OPS_QUICK")) return; /* under compute-sanitizer */
     test_matmul_swiglu(LM_DTYPE_Q4_K, 4096, true, 72); /* decoded whole */
     test_matmul_many(LM_DTYPE_Q4_K, true);
