@@ -35,9 +35,11 @@
  * Measured on the H200 (Q4_K_M 1.5B-shaped, batch 1, fifteenth session, one call
  * each): Q4_K 828.5-831.7 -> 837.7-852.6 tokens/s (LUMEN_CUDA_Q8_HANDOFF=0 in the
  * same build: 809.6-827.2); in the step's timeline a Q4_K down product adds 5.8 us
- * instead of 9.0, the gate/up kernel's hand-off 0.36 us. Q6_K too: 852.6-854.1 ->
- * 857.7-863.8, a Q6_K down product 8.4 us instead of 10.8 (10.1 when each chunk's
- * activations were read from L2 in turn). */
+ * instead of 9.0, the gate/up kernel's hand-off 0.36 us. Q6_K too: 849.1-851.8 ->
+ * 862.1-872.7 (4 sequences: 1,883-1,917 -> 1,923-1,955), a Q6_K down product 8.4 us
+ * instead of 10.8 (10.1 when each chunk's activations were read from L2 in turn).
+ * The Q4_K kernel bounded to 5 blocks an SM (96 registers, so more of its blocks
+ * could be resident under the gate/up kernel): 861.8-868.1, the same; dropped. */
 #include "backend/cuda/cuda_bulk.cuh"
 #include "backend/cuda/cuda_matmul.cuh"
 
