@@ -341,6 +341,7 @@ bool lm_cuda_native_type(lm_dtype type) {
  * driver once and retries (freed activations may still sit in it). */
 static void *weight_alloc(lm_cuda_backend *cu, size_t bytes) {
     void *p = NULL;
+    bytes += LM_CUDA_WEIGHT_PAD;
     if (cudaMalloc(&p, bytes) != cudaSuccess) {
         p = NULL;
         cudaGetLastError();

@@ -25,6 +25,10 @@ extern "C" {
  * not allocate. Shared by cuBLAS and cuBLASLt, which run on the one stream. */
 enum { LM_CUDA_CUBLAS_WORKSPACE = 32 << 20 };
 
+/* Bytes allocated after every weight: kernels may read whole 16-byte words that end
+ * past a weight's last byte (Q6_K's 2-byte-aligned super-blocks, cuda_matmul_q8.cu). */
+enum { LM_CUDA_WEIGHT_PAD = 32 };
+
 /* Host metadata copied to the device; one slot per kind so the kinds of one forward
  * pass do not evict each other (each is uploaded once per pass, then reused). */
 enum lm_cuda_meta_kind { LM_CUDA_META_POS, LM_CUDA_META_ATTN, LM_CUDA_META_IDS, LM_CUDA_META_TILES, LM_CUDA_META_COUNT };

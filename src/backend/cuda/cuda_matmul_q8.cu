@@ -190,15 +190,32 @@ __device__ __forceinline__ void mvq_q4k_sb(const mvq_sbw &b, const int8_t *q, co
 /* Q6_K (210 bytes at an even address): ql[128], qh[64], 16 int8 scales, d (f16).
  * Value e: half e / 128, r = e % 128; low 4 bits from ql[64 half + r % 64] (high
  * nibble when r >= 64), high 2 bits from qh[32 half + r % 32] >> 2 (r / 32); scale e /
- * 16. The codes and scales as aligned words, 52 or 53 loads in flight at once (16-byte
- * pieces of five loads each took 80), a 32-bit value at offset o (a multiple of 4,
- * below 208) the two words around it funnel-shifted; d a load of its own. */
+ * 16. b.w[k] is the k-th 4-byte-aligned word from the super-block's start rounded
+ * down to 4: a 32-bit value at offset o (a multiple of 4, below 208) the two words
+ * around it funnel-shifted, d in the last one. They are read as the 15 16-byte words
+ * from the start rounded down to 16, then moved down by the start's word offset there
+ * (two rounds of selects, none indexing registers at run time): 15 loads in flight
+ * where 4-byte loads took 53, which a warp's 32 rows apart make as many requests each
+ * (the head, 1 lane a row, waited on the MIO queue in Nsight Compute, fifteenth
+ * session). The last piece reads up to 30 bytes past the super-block: every weight's
+ * allocation has LM_CUDA_WEIGHT_PAD bytes after it (cuda_backend.cu). H200, Q4_K_M
+ * 1.5B-shaped, batch 1, one call: the Q6_K head 89.8 -> 69.8 us in the step's
+ * timeline, 856.0-870.3 -> 869.4-886.9 tokens/s. (An earlier form loaded 16-byte
+ * pieces with five loads each: 80 in all.) */
 __device__ __forceinline__ void mvq_q6k_load(const uint8_t *sb, mvq_sbw &b) {
-    const uint32_t *a = (const uint32_t *)((uintptr_t)sb & ~(uintptr_t)3);
+    const uint4 *a = (const uint4 *)((uintptr_t)sb & ~(uintptr_t)15);
+    const uint32_t wo = ((uint32_t)(uintptr_t)sb >> 2) & 3u;
+    uint32_t r[60];
 #pragma unroll
-    for (int i = 0; i < 52; i++) b.w[i] = __ldg(a + i);
-    b.w[52] = ((uintptr_t)sb & 3u) ? __ldg(a + 52) : 0u; /* past the super-block when it starts aligned */
-    b.d6 = __ldg((const unsigned short *)(sb + 208));
+    for (int i = 0; i < 15; i++) {
+        const uint4 v = __ldg(a + i);
+        r[4 * i] = v.x, r[4 * i + 1] = v.y, r[4 * i + 2] = v.z, r[4 * i + 3] = v.w;
+    }
+#pragma unroll
+    for (int k = 0; k < 58; k++) r[k] = (wo & 1u) ? r[k + 1] : r[k];
+#pragma unroll
+    for (int k = 0; k < 53; k++) b.w[k] = (wo & 2u) ? r[k + 2] : r[k];
+    b.d6 = (unsigned short)(b.w[52] >> (((uint32_t)(uintptr_t)sb & 3u) * 8u));
 }
 
 template <int NT>
