@@ -39,7 +39,9 @@
  * 862.1-872.7 (4 sequences: 1,883-1,917 -> 1,923-1,955), a Q6_K down product 8.4 us
  * instead of 10.8 (10.1 when each chunk's activations were read from L2 in turn).
  * The Q4_K kernel bounded to 5 blocks an SM (96 registers, so more of its blocks
- * could be resident under the gate/up kernel): 861.8-868.1, the same; dropped. */
+ * could be resident under the gate/up kernel): 861.8-868.1, the same; the Q6_K
+ * kernel reading its activations from global memory, unrolled, instead of staging
+ * them (branch q6k-global-acts): 868.7-874.7 vs 881.5-889.6; both dropped. */
 #include "backend/cuda/cuda_bulk.cuh"
 #include "backend/cuda/cuda_matmul.cuh"
 
