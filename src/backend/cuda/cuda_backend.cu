@@ -337,8 +337,9 @@ bool lm_cuda_native_type(lm_dtype type) {
     }
 }
 
-/* Device memory for a weight; on failure, gives the pool's cached memory back to the
- * driver once and retries (freed activations may still sit in it). */
+/* Device memory for a weight, LM_CUDA_WEIGHT_PAD bytes more; on failure, gives the
+ * pool's cached memory back to the driver once and retries (freed activations may
+ * still sit in it). */
 static void *weight_alloc(lm_cuda_backend *cu, size_t bytes) {
     void *p = NULL;
     bytes += LM_CUDA_WEIGHT_PAD;

@@ -18,7 +18,7 @@
  *    and Q6_K weights over at most 4,096 columns: those take cuda_matmul_q8.cu, the
  *    CPU's 8-bit arithmetic to the bit (x1 on the H200, Q4_K_M 1.5B: 582 vs 481
  *    tokens/s with gate/up and the head there; LUMEN_CUDA_MVQ=0 keeps them here), and
- *    Q4_K down projections right after that kernel's gate/up product: those take
+ *    Q4_K and Q6_K down projections right after that kernel's gate/up product: those take
  *    cuda_matmul_q8h.cu, over the 8-bit copy of swiglu's output it hands off. A
  *    token's result never depends on the other tokens: each has its own accumulator
  *    and the same summation order (lane partials in k order, a fixed butterfly, then

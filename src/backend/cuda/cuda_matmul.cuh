@@ -76,8 +76,8 @@ typedef struct mv_q8h {
  * q NULL when none is offered (fused ops or the hand-off off, a block's pairs not whole
  * groups of 32, the scratch not had). pairs_per_block: the kernel's rows a block / 2. */
 mv_q8h lm_cuda_q8h_offer(lm_cuda_backend *cu, const float *h, int64_t n, int64_t ff, int pairs_per_block);
-/* Whether y = w x is done from the hand-off (w Q4_K of as many columns as h, x the
- * h offered by the op just before, n its tokens): then done (errors recorded). */
+/* Whether y = w x is done from the hand-off (w Q4_K or Q6_K of as many columns as h,
+ * x the h offered by the op just before, n its tokens): then done (errors recorded). */
 bool lm_cuda_q8h_take(lm_cuda_backend *cu, const lm_weight *w, const float *x, int64_t n, float *y);
 
 /* The tensor-core path (cuda_matmul_tc.cu): y = W x for the n tokens of x, W of a

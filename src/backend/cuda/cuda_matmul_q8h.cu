@@ -117,7 +117,7 @@ __device__ __forceinline__ void q8h_load(const uint8_t *wr, int c, q8h_chunk &w)
 }
 
 /* acc[t] += chunk c of the row times token t's activations (values 64c .. 64c + 63),
- * h the block's staged tokens */
+ * h the block's tokens from its first (token t at h.q + t * ff) */
 template <int NT>
 __device__ __forceinline__ void q8h_chunk_fma(const q8h_chunk &w, int c, const mv_q8h &h, int nt, float acc[NT]) {
     const int g = c & 3, k = g >> 1, sh = 16 * (g & 1); /* sub-blocks 2g and 2g + 1 */
