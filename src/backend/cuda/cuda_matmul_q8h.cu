@@ -154,6 +154,19 @@ __device__ __forceinline__ void q8h_chunk_fma(const q8h_chunk &w, int c, const m
     }
 }
 
+/* A warp's sums of its row, token by token, in a fixed butterfly; lane 0 stores them. */
+template <int NT>
+__device__ __forceinline__ void q8h_store(const float acc[NT], bool on, int lane, int t0, int nt, int row, int rows,
+                                          float *__restrict__ y) {
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        float v = acc[t];
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+        if (on && lane == 0 && t < nt) y[(size_t)(t0 + t) * rows + row] = v;
+    }
+}
+
 template <int NT>
 __global__ void __launch_bounds__(Q8H_THREADS, 4)
     q8h_q4k_kernel(const uint8_t *__restrict__ W, int rows, int cols, const mv_q8h h, float *__restrict__ y, int n) {
@@ -187,13 +200,7 @@ __global__ void __launch_bounds__(Q8H_THREADS, 4)
             }
         }
     }
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        float v = acc[t];
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-        if (on && lane == 0 && t < nt) y[(size_t)(t0 + t) * rows + row] = v;
-    }
+    q8h_store<NT>(acc, on, lane, t0, nt, row, rows, y);
 }
 
 /* ---- Q6_K: rows of 210-byte super-blocks, 2-byte aligned, staged ----------------- */
@@ -279,13 +286,7 @@ __global__ void __launch_bounds__(Q8H_THREADS, 4)
             if (c < n_chunks) q8h_q6k_chunk_fma<NT>((const uint32_t *)stage, (int)(start - a0), c, hs, nt, acc);
         }
     }
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        float v = acc[t];
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-        if (on && lane == 0 && t < nt) y[(size_t)(t0 + t) * rows + row] = v;
-    }
+    q8h_store<NT>(acc, on, lane, t0, nt, row, rows, y);
 }
 
 bool lm_cuda_q8h_take(lm_cuda_backend *cu, const lm_weight *w, const float *x, int64_t n, float *y) {
