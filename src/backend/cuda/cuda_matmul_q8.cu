@@ -37,7 +37,10 @@
  * (with the staged rows of cuda_matmul.cu requested before the wait too, 811.5-828.9);
  * after the wait but before the quantization (mvq-loads) it had measured the same
  * (748.9-760.7 vs 755.0-760.6). Staging a block's rows in shared memory while it
- * quantizes (mvq-stage) was slower: 655-660 vs 704-712. */
+ * quantizes (mvq-stage) was slower: 655-660 vs 704-712. A Q4_K row's later rounds
+ * requested into L2 before the wait as well (one bulk prefetch a row; the gate/up
+ * product's, 2 lanes a row; branch gu-l2-prefetch) measured the same (fifteenth
+ * session: 872.6-881.3 vs 877.1-890.3). */
 #include "backend/cuda/cuda_matmul.cuh"
 
 enum {
