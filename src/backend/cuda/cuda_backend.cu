@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend/cuda/cuda_dequant.cuh"
+#include "backend/cuda/cuda_matmul.cuh"
 
 extern "C" {
 #include "tensor/quant.h"
@@ -491,6 +491,13 @@ static lm_status cuda_weight_create(lm_backend *b, const lm_tensor *t, lm_weight
         free(w);
         return st;
     }
+    /* a Q6_K head's rows again, interleaved for the one-token 8-bit product; without
+     * the memory for it the product reads the rows in place */
+    if (lm_cuda_mvq_wide_wanted(cu, w)) {
+        void *p = weight_alloc(cu, lm_cuda_mvq_wide_bytes(w));
+        if (p && lm_cuda_mvq_wide_fill(cu, w, p)) w->wide = p;
+        else cudaFree(p);
+    }
     *out = w;
     return LM_OK;
 }
@@ -502,6 +509,7 @@ static void cuda_weight_free(lm_backend *b, lm_weight *w) {
     /* kernels queued on the weight must finish before its memory goes */
     cudaStreamSynchronize(cu->stream);
     cudaFree(w->alloc);
+    cudaFree(w->wide);
     free(w);
     /* recorded passes read weights by address: another model's passes may come to
      * have the same key on buffers at the same addresses (cuda_graph.cu) */
@@ -693,6 +701,8 @@ extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
     cu->mv_stage = !(stage && strcmp(stage, "0") == 0);
     const char *mvq = getenv("LUMEN_CUDA_MVQ"); /* 0: Q4_K/Q6_K products in f32 too */
     cu->mvq = !(mvq && strcmp(mvq, "0") == 0);
+    const char *mvq_wide = getenv("LUMEN_CUDA_MVQ_WIDE"); /* 0: no interleaved copy of a Q6_K head */
+    cu->mvq_wide = !(mvq_wide && strcmp(mvq_wide, "0") == 0);
     const char *handoff = getenv("LUMEN_CUDA_Q8_HANDOFF"); /* 0: down products over f32 activations */
     cu->q8_handoff = !(handoff && strcmp(handoff, "0") == 0);
     const char *tc = getenv("LUMEN_CUDA_TC_MAX_N"); /* tensor-core products up to this many */

@@ -126,6 +126,7 @@ typedef struct lm_cuda_backend {
     lm_cuda_rope_key rope_key[LM_CUDA_SCR_ROPE_LAST - LM_CUDA_SCR_ROPE + 1]; /* what the RoPE slots hold */
     int64_t mv_max_n;  /* matmul: exact f32 matrix-vector kernel up to this many tokens */
     bool mvq;          /* matmul: Q4_K/Q6_K there over 8-bit activations (cuda_matmul_q8.cu; LUMEN_CUDA_MVQ=0: not) */
+    bool mvq_wide;     /* matmul: a Q6_K head's interleaved copy for the 8-bit kernel (LUMEN_CUDA_MVQ_WIDE=0: not) */
     bool mv_stage;     /* matmul: one token's quantized rows staged in shared memory (LUMEN_CUDA_MV_STAGE=0: not) */
     bool q8_handoff;   /* matmul: swiglu's output handed to the down product in 8 bits (LUMEN_CUDA_Q8_HANDOFF=0: not) */
     int64_t tc_max_n;  /* matmul: tensor-core kernel up to this many tokens     */
@@ -235,6 +236,9 @@ struct lm_weight {
                                   * packed weight's, given back with the first's) */
     const lm_weight *pack_next;  /* weight_pack: the weight whose rows follow this
                                   * one's in memory, or NULL                    */
+    void *wide;                  /* a Q6_K head's rows again, interleaved for the
+                                  * 8-bit kernel's coalesced loads (cuda_matmul_q8.cu,
+                                  * lm_cuda_mvq_wide_fill), or NULL             */
 };
 
 static inline lm_cuda_backend *lm_cuda(lm_backend *b) { return (lm_cuda_backend *)b; }

@@ -40,12 +40,21 @@
  * quantizes (mvq-stage) was slower: 655-660 vs 704-712. A Q4_K row's later rounds
  * requested into L2 before the wait as well (one bulk prefetch a row; the gate/up
  * product's, 2 lanes a row; branch gu-l2-prefetch) measured the same (fifteenth
- * session: 872.6-881.3 vs 877.1-890.3). */
+ * session: 872.6-881.3 vs 877.1-890.3).
+ *
+ * A Q6_K head (many rows, one lane a row) reads an interleaved copy of its rows made
+ * at load (w->wide, MVQ_WIDE_*; LUMEN_CUDA_MVQ_WIDE=0: none), so a warp's load of
+ * its 32 rows is one 512-byte run instead of 32 lines: the same bits, 191 MB more
+ * device memory for a 151,936 x 1,536 head (the other paths and get_rows read the
+ * rows in place). H200, Q4_K_M 1.5B-shaped, batch 1, one call (sixteenth session):
+ * 889.4-892.7 -> 906.1-910.4 tokens/s; its first super-block requested before the
+ * PDL wait as well (113 registers instead of 85): 889.9-911.0, not kept. */
 #include "backend/cuda/cuda_matmul.cuh"
 
 enum {
     MVQ_THREADS = 128,
     MVQ_MIXED = -1, /* the kernel's T for sets of Q4_K and Q6_K weights (lm_cuda_mvq_mixable) */
+    MVQ_Q6K_WIDE = -2, /* the kernel's T for a Q6_K head's interleaved copy (w->wide, below) */
     /* The shapes it takes (lm_cuda_mvq_supports): inputs of up to 4,096 values, which
      * every block quantizes itself (the first form of this kernel took 1536x8960 in
      * 17.5 us against the f32 kernel's 11.1, bench_cuda_matvec on the H200). Any row
@@ -66,6 +75,13 @@ enum {
      * change); 8 gives them 2: 657-662 at batch 1 and 1,507-1,520 at 4 (1,357-1,363
      * with 16, an earlier call). The small products keep 8. */
     MVQ_WARPS_WANTED = 8,
+    /* The interleaved copy of a Q6_K head (mvq_q6w_load): tiles of 32 rows by one
+     * super-block, its 13 16-byte words of codes and scales word-major (word k of row
+     * i at 16 (32 k + i)), then the rows' 32 d. Heads only: from this many rows. */
+    MVQ_WIDE_ROWS = 32,
+    MVQ_WIDE_WORDS = 13,
+    MVQ_WIDE_TILE = MVQ_WIDE_ROWS * (16 * MVQ_WIDE_WORDS + 2),
+    MVQ_WIDE_MIN_ROWS = 32768,
 };
 
 /* Shared memory of a block: codes [NT][cols], scales [NT][nsb], sums of 16 codes
@@ -222,9 +238,8 @@ __device__ __forceinline__ void mvq_q6k_load(const uint8_t *sb, mvq_sbw &b) {
 }
 
 template <int NT>
-__device__ __forceinline__ void mvq_q6k_sb(const uint8_t *sb, const mvq_sbw &b, const int8_t *q, const int *s16,
-                                           int cols, int nt, int S[NT], int M[NT], float *d, float *dmin) {
-    const uint32_t sh = ((uint32_t)(uintptr_t)sb & 3u) * 8u;
+__device__ __forceinline__ void mvq_q6k_sb(uint32_t sh, const mvq_sbw &b, const int8_t *q, const int *s16, int cols,
+                                           int nt, int S[NT], int M[NT], float *d, float *dmin) {
     const uint32_t *w = b.w;
 #define MVQ_Q6K_AT(o) __funnelshift_r(w[(o) / 4], w[(o) / 4 + 1], sh)
 #pragma unroll
@@ -259,10 +274,26 @@ __device__ __forceinline__ void mvq_q6k_sb(const uint8_t *sb, const mvq_sbw &b, 
 #undef MVQ_Q6K_AT
 }
 
-/* Super-block sb of a row's weights into b. */
+/* A super-block of the interleaved copy of a Q6_K head: the row's 13 words from its
+ * tile, each load of the warp's 32 rows one 512-byte run, and its d. The rows read in
+ * place put a warp's 32 lanes 1,260 bytes apart (a 1,536-wide head), so each of their
+ * loads touched 32 lines (the head at 2.7 TB/s, 70 us a step). A row is the lane's in
+ * its warp (one lane a row). */
+__device__ __forceinline__ void mvq_q6w_load(const uint8_t *tile, int lane, mvq_sbw &b) {
+    const uint4 *a = (const uint4 *)tile + lane;
+#pragma unroll
+    for (int k = 0; k < MVQ_WIDE_WORDS; k++) {
+        const uint4 v = __ldg(a + MVQ_WIDE_ROWS * k);
+        b.w[4 * k] = v.x, b.w[4 * k + 1] = v.y, b.w[4 * k + 2] = v.z, b.w[4 * k + 3] = v.w;
+    }
+    b.d6 = __ldg((const unsigned short *)(tile + 16 * MVQ_WIDE_ROWS * MVQ_WIDE_WORDS) + lane);
+}
+
+/* Super-block sb of a row's weights into b (MVQ_Q6K_WIDE: wr its rows' first tile). */
 template <int T>
-__device__ __forceinline__ void mvq_load_sb(const uint8_t *wr, int sb, mvq_sbw &b) {
+__device__ __forceinline__ void mvq_load_sb(const uint8_t *wr, int sb, mvq_sbw &b, int lane) {
     if (T == LM_DTYPE_Q4_K) mvq_q4k_load(wr + (size_t)sb * 144, b);
+    else if (T == MVQ_Q6K_WIDE) mvq_q6w_load(wr + (size_t)sb * MVQ_WIDE_TILE, lane, b);
     else mvq_q6k_load(wr + (size_t)sb * 210, b);
 }
 
@@ -283,17 +314,19 @@ __device__ __forceinline__ void mvq_rows(const uint8_t *wr, bool on, int j, int 
         mvq_sbw b; /* Q4_K: this round's bytes, nx the next round's; Q6_K: in nx */
         if (T == LM_DTYPE_Q4_K) {
             b = nx;
-            if (on && sb + L < nsb) mvq_load_sb<T>(wr, sb + L, nx);
+            if (on && sb + L < nsb) mvq_load_sb<T>(wr, sb + L, nx, lane);
         } else if ((c0 > 0 || !PRE) && on && sb < nsb) {
-            mvq_load_sb<T>(wr, sb, nx);
+            mvq_load_sb<T>(wr, sb, nx, lane);
         }
         int S[NT], M[NT];
         float d = 0.0f, dmin = 0.0f;
         if (on && sb < nsb) {
+            /* the words' shift: a Q6_K super-block in place is 2-byte aligned */
+            const uint32_t sh = T == MVQ_Q6K_WIDE ? 0u : ((uint32_t)(uintptr_t)(wr + (size_t)sb * 210) & 3u) * 8u;
             if (T == LM_DTYPE_Q4_K)
                 mvq_q4k_sb<NT>(b, q + 256 * sb, s16 + 16 * sb, cols, nt, S, M, &d, &dmin);
             else
-                mvq_q6k_sb<NT>(wr + (size_t)sb * 210, nx, q + 256 * sb, s16 + 16 * sb, cols, nt, S, M, &d, &dmin);
+                mvq_q6k_sb<NT>(sh, nx, q + 256 * sb, s16 + 16 * sb, cols, nt, S, M, &d, &dmin);
         } else {
 #pragma unroll
             for (int t = 0; t < NT; t++) S[t] = 0, M[t] = 0;
@@ -307,7 +340,7 @@ __device__ __forceinline__ void mvq_rows(const uint8_t *wr, bool on, int j, int 
                 const int Mt = __shfl_sync(0xffffffffu, M[t], group + s);
                 const float a = t < nt ? da[t * nsb + c0 + s] : 0.0f;
                 acc[t] = fmaf((float)St, __fmul_rn(ds, a), acc[t]);
-                if (T != LM_DTYPE_Q6_K) acc[t] = fmaf(-(float)Mt, __fmul_rn(dms, a), acc[t]);
+                if (T == LM_DTYPE_Q4_K) acc[t] = fmaf(-(float)Mt, __fmul_rn(dms, a), acc[t]);
             }
         }
     }
@@ -363,20 +396,21 @@ __global__ void __launch_bounds__(MVQ_THREADS, 4)
         int lr;
         if (SWIGLU) k = r & 1, lr = r >> 1;
         else k = mv_which(set, r), lr = r - (k ? set.end[k - 1] : 0);
-        wr = set.W[k] + (size_t)lr * set.row_bytes[k];
+        if (T == MVQ_Q6K_WIDE) wr = set.W[k] + (size_t)(lr / MVQ_WIDE_ROWS) * nsb * MVQ_WIDE_TILE;
+        else wr = set.W[k] + (size_t)lr * set.row_bytes[k];
     }
     /* the first round's weights in flight before the quantization, which they do not
      * depend on: they had been loaded after its barrier, their DRAM trip behind the
      * reads of x, the reductions and the shared stores (sm_90a SASS). Not for Q6_K
      * alone (the head): its 53 words live across the quantization take it from 95 to
      * 115 registers, 5 blocks an SM to 4. */
-    constexpr bool PRE = T != LM_DTYPE_Q6_K;
+    constexpr bool PRE = T == LM_DTYPE_Q4_K || T == MVQ_MIXED;
     mvq_sbw nx;
     if (PRE && on && j < nsb) {
         if (T == LM_DTYPE_Q4_K || (T == MVQ_MIXED && set.type[k] == LM_DTYPE_Q4_K))
-            mvq_load_sb<LM_DTYPE_Q4_K>(wr, j, nx);
+            mvq_load_sb<LM_DTYPE_Q4_K>(wr, j, nx, lane);
         else
-            mvq_load_sb<LM_DTYPE_Q6_K>(wr, j, nx);
+            mvq_load_sb<LM_DTYPE_Q6_K>(wr, j, nx, lane);
     }
     /* the wait after them: weights are written at load, never by the kernels before,
      * so the first round streams in while the kernel before this one (a norm) runs */
@@ -435,7 +469,9 @@ static int mvq_lanes_per_row(int64_t rows_all, int n_sm) {
 
 template <int T, bool SWIGLU>
 static void mvq_launch(lm_cuda_backend *cu, const mv_set &set, int64_t cols, const float *x, int64_t n) {
-    const int rows_all = set.end[set.n_w - 1], L = mvq_lanes_per_row(rows_all, cu->n_sm), rpb = MVQ_THREADS / L;
+    /* the interleaved copy: a lane a row, its warp's 32 rows one tile */
+    const int rows_all = set.end[set.n_w - 1];
+    const int L = T == MVQ_Q6K_WIDE ? 1 : mvq_lanes_per_row(rows_all, cu->n_sm), rpb = MVQ_THREADS / L;
     const int nt = n == 1 ? 1 : n == 2 ? 2 : 4;
     mv_q8h h8 = {};
     if (SWIGLU) h8 = lm_cuda_q8h_offer(cu, set.y[0], n, set.rows[0], rpb / 2);
@@ -472,11 +508,14 @@ bool lm_cuda_mvq_mixable(const lm_cuda_backend *cu, const lm_weight *a, const lm
 
 void lm_cuda_mvq(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, const float *x, int64_t n,
                  float *const *y, bool swiglu) {
-    const mv_set set = mv_set_of(w, n_w, y);
+    mv_set set = mv_set_of(w, n_w, y);
     const int64_t cols = w[0]->cols;
     bool mixed = false;
     for (int k = 1; k < n_w; k++) mixed = mixed || w[k]->type != w[0]->type;
-    if (mixed && !swiglu) {
+    if (n_w == 1 && w[0]->wide) {
+        set.W[0] = (const uint8_t *)w[0]->wide;
+        mvq_launch<MVQ_Q6K_WIDE, false>(cu, set, cols, x, n);
+    } else if (mixed && !swiglu) {
         mvq_launch<MVQ_MIXED, false>(cu, set, cols, x, n);
     } else if (w[0]->type == LM_DTYPE_Q4_K) {
         if (swiglu) mvq_launch<LM_DTYPE_Q4_K, true>(cu, set, cols, x, n);
@@ -485,4 +524,42 @@ void lm_cuda_mvq(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, const 
         if (swiglu) mvq_launch<LM_DTYPE_Q6_K, true>(cu, set, cols, x, n);
         else mvq_launch<LM_DTYPE_Q6_K, false>(cu, set, cols, x, n);
     }
+}
+
+/* ---- the interleaved copy of a Q6_K head ---------------------------------------- */
+
+bool lm_cuda_mvq_wide_wanted(const lm_cuda_backend *cu, const lm_weight *w) {
+    return cu->mvq_wide && w->type == LM_DTYPE_Q6_K && lm_cuda_mvq_supports(cu, w) && w->rows >= MVQ_WIDE_MIN_ROWS &&
+           w->rows % MVQ_WIDE_ROWS == 0;
+}
+
+size_t lm_cuda_mvq_wide_bytes(const lm_weight *w) {
+    return (size_t)(w->rows / MVQ_WIDE_ROWS) * (size_t)(w->cols / 256) * MVQ_WIDE_TILE;
+}
+
+/* a thread a (row, super-block): its 210 bytes (2-byte aligned) to the tile */
+__global__ void mvq_wide_fill_kernel(const uint8_t *__restrict__ src, size_t row_bytes, int64_t rows, int nsb,
+                                     uint8_t *__restrict__ dst) {
+    const int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= rows * nsb) return;
+    const int64_t r = e / nsb;
+    const int sb = (int)(e % nsb), i = (int)(r % MVQ_WIDE_ROWS);
+    const unsigned short *h = (const unsigned short *)(src + (size_t)r * row_bytes + (size_t)sb * 210);
+    uint8_t *tile = dst + ((size_t)(r / MVQ_WIDE_ROWS) * nsb + sb) * MVQ_WIDE_TILE;
+    for (int k = 0; k < MVQ_WIDE_WORDS; k++) {
+        uint32_t v[4];
+        for (int m = 0; m < 4; m++) v[m] = (uint32_t)h[8 * k + 2 * m] | (uint32_t)h[8 * k + 2 * m + 1] << 16;
+        ((uint4 *)tile)[MVQ_WIDE_ROWS * k + i] = make_uint4(v[0], v[1], v[2], v[3]);
+    }
+    ((unsigned short *)(tile + 16 * MVQ_WIDE_ROWS * MVQ_WIDE_WORDS))[i] = h[104];
+}
+
+bool lm_cuda_mvq_wide_fill(lm_cuda_backend *cu, const lm_weight *w, void *dst) {
+    if (!dst) return false;
+    const int64_t items = w->rows * (w->cols / 256);
+    mvq_wide_fill_kernel<<<(unsigned)((items + 255) / 256), 256, 0, cu->stream>>>(
+        (const uint8_t *)w->data, w->row_bytes, w->rows, (int)(w->cols / 256), (uint8_t *)dst);
+    if (cudaGetLastError() == cudaSuccess && cudaStreamSynchronize(cu->stream) == cudaSuccess) return true;
+    cudaGetLastError();
+    return false;
 }
