@@ -579,8 +579,10 @@ static void cuda_destroy(lm_backend *b) {
             const auto *r = &cu->replay_time[i];
             if (!r->count) continue;
             fprintf(stderr, "CUDA graphs: %lld replays of %lld-token passes, %.3f ms of GPU time each "
-                    "(host to the launch %.3f ms", (long long)r->count, (long long)r->n, r->ms / (double)r->count,
-                    r->build_ms / (double)r->count);
+                    "(host to the launch %.3f ms: pass_begin %.3f, the ops %.3f, the launch %.3f",
+                    (long long)r->count, (long long)r->n, r->ms / (double)r->count, r->build_ms / (double)r->count,
+                    r->part_ms[0] / (double)r->count, r->part_ms[1] / (double)r->count,
+                    r->part_ms[2] / (double)r->count);
             if (r->n_tail)
                 fprintf(stderr, "; GPU after the graph to the candidates' copy %.3f ms",
                         r->tail_ms / (double)r->n_tail);

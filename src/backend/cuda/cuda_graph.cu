@@ -138,6 +138,7 @@ extern "C" lm_status lm_cuda_pass_begin(lm_backend *b, uint64_t key, const lm_kv
         cu->pass_mode = LM_CUDA_PASS_WARM;
     }
     cu->pass_epoch = ++cu->pass_count;
+    if (cu->graphs_log) cu->t_ops = lm_cuda_host_clock();
     return LM_OK;
 }
 
@@ -175,6 +176,7 @@ void lm_cuda_replay_time_collect(lm_cuda_backend *cu, double now) {
         cu->replay_time[i].count++;
         cu->replay_time[i].ms += ms;
         cu->replay_time[i].build_ms += 1e3 * cu->t_build;
+        for (int k = 0; k < 3; k++) cu->replay_time[i].part_ms[k] += 1e3 * cu->t_part[k];
         if (timed_tail && cudaEventElapsedTime(&tail, cu->replay_ev[1], cu->replay_ev[2]) == cudaSuccess)
             cu->replay_time[i].n_tail++, cu->replay_time[i].tail_ms += tail;
         if (now > 0.0 && cu->t_begin > 0.0)
@@ -196,8 +198,10 @@ static void launch(lm_cuda_backend *cu, lm_cuda_graph *g, bool timed) {
             cudaEventRecord(cu->replay_ev[0], cu->stream) == cudaSuccess;
     if (!lm_cuda_ok(cu, cudaGraphLaunch(g->exec, cu->stream), "cudaGraphLaunch")) return;
     if (timed && cudaEventRecord(cu->replay_ev[1], cu->stream) == cudaSuccess) {
+        const double now = lm_cuda_host_clock();
         cu->timed_n = cu->pass_n;
-        cu->t_build = lm_cuda_host_clock() - cu->t_begin;
+        cu->t_build = now - cu->t_begin;
+        cu->t_part[0] = cu->t_ops - cu->t_begin, cu->t_part[1] = cu->t_end - cu->t_ops, cu->t_part[2] = now - cu->t_end;
     }
     /* the graph's metadata copies read the staging buffers: a direct upload after
      * this pass waits for them through these events */
@@ -206,6 +210,7 @@ static void launch(lm_cuda_backend *cu, lm_cuda_graph *g, bool timed) {
 
 extern "C" lm_status lm_cuda_pass_end(lm_backend *b) {
     lm_cuda_backend *cu = lm_cuda(b);
+    if (cu->graphs_log) cu->t_end = lm_cuda_host_clock();
     lm_cuda_enter(cu);
     int mode = cu->pass_mode;
     cu->pass_mode = LM_CUDA_PASS_DIRECT;

@@ -217,7 +217,12 @@ typedef struct lm_cuda_backend {
     int64_t pass_n, timed_n; /* tokens of the current pass, of the replay being timed (0: none) */
     bool timed_tail;         /* event 2 was recorded after the timed replay              */
     double t_begin, t_build; /* host clock at the timed pass's pass_begin; seconds to its launch */
-    struct { int64_t n, count, n_tail, n_wall; double ms, tail_ms, build_ms, wall_ms; } replay_time[8];
+    double t_ops, t_end;     /* host clock as pass_begin returned, as pass_end was entered  */
+    double t_part[3];        /* the timed pass's seconds in pass_begin, its ops, the launch */
+    struct {
+        int64_t n, count, n_tail, n_wall;
+        double ms, tail_ms, build_ms, wall_ms, part_ms[3];
+    } replay_time[8];
     int64_t profile_n; /* LUMEN_CUDA_PROFILE_N: passes of this many tokens are profiled */
     bool profiling;    /* between cudaProfilerStart and cudaProfilerStop           */
 } lm_cuda_backend;
