@@ -20,15 +20,7 @@
 #include <stdlib.h>
 
 #include "backend/cuda/cuda_bulk.cuh"
-
-#define CK(x)                                                                                   \
-    do {                                                                                        \
-        cudaError_t e_ = (x);                                                                   \
-        if (e_ != cudaSuccess) {                                                                \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(1);                                                                            \
-        }                                                                                       \
-    } while (0)
+#include "cuda_check.cuh"
 
 enum { WARPS = 8, THREADS = 32 * (WARPS + 2), MAX_SLOTS = 32 };
 

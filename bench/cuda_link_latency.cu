@@ -19,16 +19,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-enum { THREADS = 256, K = 200, REPS = 50, D = 1536 };
+#include "cuda_check.cuh"
 
-#define CHECK(x)                                                                          \
-    do {                                                                                  \
-        cudaError_t e_ = (x);                                                             \
-        if (e_ != cudaSuccess) {                                                          \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(1);                                                                      \
-        }                                                                                 \
-    } while (0)
+enum { THREADS = 256, K = 200, REPS = 50, D = 1536 };
 
 /* Every block: sum the whole input vector, then write its share of the output. */
 __device__ void link_body(const float *in, float *out) {
@@ -105,7 +98,7 @@ static void launch(cudaStream_t s, bool pdl, void (*kernel)(const float *, float
         cfg.attrs = at;
         cfg.numAttrs = 1;
     }
-    CHECK(cudaLaunchKernelEx(&cfg, kernel, in, out));
+    CK(cudaLaunchKernelEx(&cfg, kernel, in, out));
 }
 
 static void launch_flag(cudaStream_t s, int g, const float *in, float *out, unsigned *ctr, int i) {
@@ -118,18 +111,18 @@ static void launch_flag(cudaStream_t s, int g, const float *in, float *out, unsi
     at[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at;
     cfg.numAttrs = 1;
-    CHECK(cudaLaunchKernelEx(&cfg, k_flag, in, out, ctr, i, (unsigned)g));
+    CK(cudaLaunchKernelEx(&cfg, k_flag, in, out, ctr, i, (unsigned)g));
 }
 
 /* µs a link: the graph of the chain replayed REPS times. */
 static double time_chain(const char *way, int g, float *bufs, unsigned *ctr) {
     cudaStream_t s;
-    CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     cudaGraph_t graph;
-    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    if (way[0] == 'f') CHECK(cudaMemsetAsync(ctr, 0, (K + 2) * sizeof(unsigned), s));
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    if (way[0] == 'f') CK(cudaMemsetAsync(ctr, 0, (K + 2) * sizeof(unsigned), s));
     if (way[0] == 'g') {
-        CHECK(cudaMemsetAsync(ctr, 0, sizeof(unsigned), s));
+        CK(cudaMemsetAsync(ctr, 0, sizeof(unsigned), s));
         k_grid<<<g, THREADS, 0, s>>>(bufs, ctr);
     } else {
         for (int i = 0; i < K; i++) {
@@ -141,31 +134,31 @@ static double time_chain(const char *way, int g, float *bufs, unsigned *ctr) {
                 launch(s, way[0] == 'p' && way[1] == 'd', way[1] == 'd' ? k_pdl : k_plain, g, in, out);
         }
     }
-    CHECK(cudaStreamEndCapture(s, &graph));
+    CK(cudaStreamEndCapture(s, &graph));
     cudaGraphExec_t exec;
-    CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    for (int w = 0; w < 3; w++) CHECK(cudaGraphLaunch(exec, s));
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int w = 0; w < 3; w++) CK(cudaGraphLaunch(exec, s));
     cudaEvent_t a, b;
-    CHECK(cudaEventCreate(&a));
-    CHECK(cudaEventCreate(&b));
-    CHECK(cudaEventRecord(a, s));
-    for (int r = 0; r < REPS; r++) CHECK(cudaGraphLaunch(exec, s));
-    CHECK(cudaEventRecord(b, s));
-    CHECK(cudaEventSynchronize(b));
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    CK(cudaEventRecord(a, s));
+    for (int r = 0; r < REPS; r++) CK(cudaGraphLaunch(exec, s));
+    CK(cudaEventRecord(b, s));
+    CK(cudaEventSynchronize(b));
     float ms;
-    CHECK(cudaEventElapsedTime(&ms, a, b));
-    CHECK(cudaGraphExecDestroy(exec));
-    CHECK(cudaGraphDestroy(graph));
-    CHECK(cudaStreamDestroy(s));
+    CK(cudaEventElapsedTime(&ms, a, b));
+    CK(cudaGraphExecDestroy(exec));
+    CK(cudaGraphDestroy(graph));
+    CK(cudaStreamDestroy(s));
     return ms * 1000.0 / REPS / K;
 }
 
 int main(void) {
     float *bufs;
     unsigned *ctr;
-    CHECK(cudaMalloc(&bufs, 2 * D * sizeof(float)));
-    CHECK(cudaMemset(bufs, 0, 2 * D * sizeof(float)));
-    CHECK(cudaMalloc(&ctr, (K + 2) * sizeof(unsigned)));
+    CK(cudaMalloc(&bufs, 2 * D * sizeof(float)));
+    CK(cudaMemset(bufs, 0, 2 * D * sizeof(float)));
+    CK(cudaMalloc(&ctr, (K + 2) * sizeof(unsigned)));
     const char *ways[] = {"plain", "pdl", "flag", "grid"};
     const int grids[] = {1, 132, 264};
     printf("| way | 1 block | 132 blocks | 264 blocks |\n|---|---|---|---|\n");
