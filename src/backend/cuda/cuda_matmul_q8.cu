@@ -340,12 +340,13 @@ __device__ __forceinline__ void mvq_rows(const uint8_t *wr, bool on, int j, int 
         int S[NT], M[NT];
         float d = 0.0f, dmin = 0.0f;
         if (on && sb < nsb) {
-            /* the words' shift: a Q6_K super-block in place is 2-byte aligned */
-            const uint32_t sh = T == MVQ_Q6K_WIDE ? 0u : ((uint32_t)(uintptr_t)(wr + (size_t)sb * 210) & 3u) * 8u;
-            if (T == LM_DTYPE_Q4_K)
+            if (T == LM_DTYPE_Q4_K) {
                 mvq_q4k_sb<NT>(b, q + 256 * sb, s16 + 16 * sb, cols, nt, S, M, &d, &dmin);
-            else
+            } else {
+                /* the words' shift: a Q6_K super-block in place is 2-byte aligned */
+                const uint32_t sh = T == MVQ_Q6K_WIDE ? 0u : ((uint32_t)(uintptr_t)(wr + (size_t)sb * 210) & 3u) * 8u;
                 mvq_q6k_sb<NT>(sh, nx, q + 256 * sb, s16 + 16 * sb, cols, nt, S, M, &d, &dmin);
+            }
         } else {
 #pragma unroll
             for (int t = 0; t < NT; t++) S[t] = 0, M[t] = 0;
@@ -422,7 +423,8 @@ __global__ void __launch_bounds__(MVQ_THREADS, 4)
      * depend on: they had been loaded after its barrier, their DRAM trip behind the
      * reads of x, the reductions and the shared stores (sm_90a SASS). Not for Q6_K
      * alone (the head): its 53 words live across the quantization take it from 95 to
-     * 115 registers, 5 blocks an SM to 4. */
+     * 115 registers, 5 blocks an SM to 4; nor for the head's interleaved copy (85 -> 113
+     * registers, no gain: the file's header). */
     constexpr bool PRE = T == LM_DTYPE_Q4_K || T == MVQ_MIXED;
     mvq_sbw nx;
     if (PRE && on && j < nsb) {
