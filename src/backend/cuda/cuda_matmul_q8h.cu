@@ -41,7 +41,11 @@
  * The Q4_K kernel bounded to 5 blocks an SM (96 registers, so more of its blocks
  * could be resident under the gate/up kernel): 861.8-868.1, the same; the Q6_K
  * kernel reading its activations from global memory, unrolled, instead of staging
- * them (branch q6k-global-acts): 868.7-874.7 vs 881.5-889.6; both dropped. */
+ * them (branch q6k-global-acts): 868.7-874.7 vs 881.5-889.6; both dropped. The Q6_K
+ * chunk's words read as 9 aligned words funnel-shifted a run of 8, its scales and d
+ * as 16-bit reads: 20 shared-memory reads a chunk instead of 46 (SASS; ptxas had read
+ * both halves of every word apart), 912.7-929.2 -> 929.6-943.5 tokens/s (seventeenth
+ * session, same call). */
 #include "backend/cuda/cuda_bulk.cuh"
 #include "backend/cuda/cuda_matmul.cuh"
 
@@ -205,30 +209,40 @@ __global__ void __launch_bounds__(Q8H_THREADS, 4)
 
 /* ---- Q6_K: rows of 210-byte super-blocks, 2-byte aligned, staged ----------------- */
 
-/* The 32-bit value at byte o of a staged row (o even): two aligned words funnel-shifted. */
-__device__ __forceinline__ uint32_t q8h_at32(const uint32_t *s, int o) {
-    return __funnelshift_r(s[o >> 2], s[(o >> 2) + 1], (uint32_t)(o & 3) * 8u);
+/* The 8 words at byte o of a staged row (o even), from the 9 aligned words under them
+ * funnel-shifted: 9 shared-memory reads where reading each word's two halves apart
+ * took 16 (ptxas does not see that neighbours share a word). */
+__device__ __forceinline__ void q8h_at32x8(const uint32_t *s, int o, uint32_t v[8]) {
+    const uint32_t *p = s + (o >> 2), sh = (uint32_t)(o & 3) * 8u;
+    uint32_t w[9];
+#pragma unroll
+    for (int i = 0; i < 9; i++) w[i] = p[i];
+#pragma unroll
+    for (int i = 0; i < 8; i++) v[i] = __funnelshift_r(w[i], w[i + 1], sh);
 }
 
 /* acc[t] += chunk c of a Q6_K row staged at byte `base` of s: super-block c / 4, its
  * half hh = (c / 2) % 2 and quarter k = c % 2: the values r = 32k + i (low nibbles of
  * ql[64hh + 32k + i], qh bits 2k) and 64 + r (high nibbles, qh bits 4 + 2k), i < 32,
- * in runs of 16 under one scale each; codes q - 32, so sum (q - 32) a = dot - 32 * sum a */
+ * in runs of 16 under one scale each; codes q - 32, so sum (q - 32) a = dot - 32 * sum a.
+ * The scales and d are 16-bit reads (every offset is even). */
 template <int NT>
 __device__ __forceinline__ void q8h_q6k_chunk_fma(const uint32_t *s, int base, int c, const mv_q8h &h, int nt,
                                                   float acc[NT]) {
     const int sb = c >> 2, hh = (c >> 1) & 1, k = c & 1, o = base + 210 * sb;
-    uint32_t lo[8], hi[8];
+    uint32_t lo[8], hi[8], l[8], q[8];
+    q8h_at32x8(s, o + 64 * hh + 32 * k, l);
+    q8h_at32x8(s, o + 128 + 32 * hh, q);
 #pragma unroll
     for (int i = 0; i < 8; i++) {
-        const uint32_t l = q8h_at32(s, o + 64 * hh + 32 * k + 4 * i), q = q8h_at32(s, o + 128 + 32 * hh + 4 * i);
-        lo[i] = (l & 0x0f0f0f0fu) | (((q >> (2 * k)) & 0x03030303u) << 4);
-        hi[i] = ((l >> 4) & 0x0f0f0f0fu) | (((q >> (4 + 2 * k)) & 0x03030303u) << 4);
+        lo[i] = (l[i] & 0x0f0f0f0fu) | (((q[i] >> (2 * k)) & 0x03030303u) << 4);
+        hi[i] = ((l[i] >> 4) & 0x0f0f0f0fu) | (((q[i] >> (4 + 2 * k)) & 0x03030303u) << 4);
     }
-    const uint32_t sw0 = q8h_at32(s, o + 192 + 8 * hh), sw1 = q8h_at32(s, o + 196 + 8 * hh);
-    const int sa = (int)(int8_t)(sw0 >> (16 * k)), sbb = (int)(int8_t)(sw0 >> (16 * k + 8));
-    const int sc = (int)(int8_t)(sw1 >> (16 * k)), sd = (int)(int8_t)(sw1 >> (16 * k + 8));
-    const float d = __half2float(__ushort_as_half((unsigned short)(q8h_at32(s, o + 208) & 0xffffu)));
+    const unsigned short *s16 = (const unsigned short *)s;
+    const uint32_t sw0 = s16[(o + 192 + 8 * hh + 2 * k) >> 1], sw1 = s16[(o + 196 + 8 * hh + 2 * k) >> 1];
+    const int sa = (int)(int8_t)sw0, sbb = (int)(int8_t)(sw0 >> 8);
+    const int sc = (int)(int8_t)sw1, sd = (int)(int8_t)(sw1 >> 8);
+    const float d = __half2float(__ushort_as_half(s16[(o + 208) >> 1]));
 #pragma unroll
     for (int t = 0; t < NT; t++) {
         if (t >= nt) break;
@@ -294,9 +308,8 @@ bool lm_cuda_q8h_take(lm_cuda_backend *cu, const lm_weight *w, const float *x, i
         return false;
     const bool q4k = w->type == LM_DTYPE_Q4_K;
     /* Q6_K: a row staged per warp, its 16-byte copies inside the weight (which ends on
-     * a 16-byte boundary), and a word more, which the last super-block's d may read
-     * past the row (q8h_at32) */
-    const int stage_words = (int)((w->row_bytes + 30) / 16) + 1;
+     * a 16-byte boundary) */
+    const int stage_words = (int)((w->row_bytes + 30) / 16);
     if (w->cols % 256 != 0 || ((uintptr_t)w->data & 15) != 0 || w->rows > INT32_MAX || n > 65535 * 4)
         return false;
     if (!q4k && (w->type != LM_DTYPE_Q6_K || (w->rows * w->row_bytes) % 16 != 0 ||
