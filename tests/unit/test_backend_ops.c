@@ -924,8 +924,9 @@ static void test_attention(void) {
  * attention called back to back, where the backend may run qkv_finish inside the
  * attention's blocks: q, k, v, the cache and the attention's output bit-equal to the
  * same calls with a download after the product (which splits the product and runs
- * qkv_finish on its own). Contexts of 20 to 527 positions: one split and several. */
-static void test_qkv_attention_fused(void) {
+ * qkv_finish on its own). Contexts of 20 to 527 positions: one split and several;
+ * RoPE over the whole head (NEOX) and over part of it (n_rot of 128, NORM). */
+static void test_qkv_attention_fused(int n_rot, lm_rope_mode mode) {
     if (!g_gpu->ops->qkv_finish || !g_gpu->ops->matmul_many || !g_gpu->ops->weight_pack) {
         printf("  %-10s %-40s\n", "qkv+attn", "no fused ops (LUMEN_CUDA_FUSED=0?): skipped");
         return;
@@ -971,7 +972,7 @@ static void test_qkv_attention_fused(void) {
     for (int k = 0; k < 3; k++) dy[k] = g_gpu->ops->alloc(g_gpu, sizeof(float) * (size_t)(N * rows[k]));
     lm_attn_batch step = {N, pos, seq};
     lm_qkv_finish f = {dy[0], dy[1], dy[2], dbias, dbias + NH * HD, dbias + NH * HD + d_kv, NULL, NULL, 1e-6f,
-                       NH, NKV, HD, HD, 1e6f, 1.0f, LM_ROPE_NEOX};
+                       NH, NKV, HD, n_rot, 1e6f, 1.0f, mode};
     const size_t cache_bytes = (size_t)(n_blocks * BS * d_kv) * kv->elem_size;
     uint8_t *cache[2][2];
     float *got[2][4];
@@ -999,7 +1000,10 @@ static void test_qkv_attention_fused(void) {
                 memcmp(cache[0][1], cache[1][1], cache_bytes) == 0;
     for (int k = 0; k < 3; k++) same = same && bit_equal(got[0][k], got[1][k], N * rows[k]);
     same = same && bit_equal(got[0][3], got[1][3], N * NH * HD);
-    printf("  %-10s %-40s %s\n", "qkv+attn", "BF16 packed, 40 decode tokens, hd 128 12/2",
+    char what[64];
+    snprintf(what, sizeof what, "BF16 packed, 40 tokens, hd 128 12/2 %s rot %d", mode == LM_ROPE_NEOX ? "neox" : "norm",
+             n_rot);
+    printf("  %-10s %-40s %s\n", "qkv+attn", what,
            same ? "back to back == apart (q, k, v, cache, output bit-equal)" : "DIFFER");
     CHECK(same);
     for (int run = 0; run < 2; run++) {
@@ -1334,7 +1338,8 @@ int main(void) {
     test_rope();
     test_activations();
     test_attention();
-    test_qkv_attention_fused();
+    test_qkv_attention_fused(128, LM_ROPE_NEOX);
+    test_qkv_attention_fused(64, LM_ROPE_NORM);
     test_models();
     test_decode_step(LM_ARCH_QWEN2, 128, LM_DTYPE_BF16);
     test_decode_step(LM_ARCH_LLAMA, 64, LM_DTYPE_F16);

@@ -69,62 +69,70 @@ static const char *const dec_prof_names[DEC_PROF_PHASES] = {"before the wait", "
 
 /* The qkv_finish of this block's heads (FIN: the op was left to this kernel,
  * cuda_qkv_finish.cu): the group's query rows from the packed product, biased and
- * rotated as qkv_finish_kernel does them, into q_fin (and, by split 0, into q); the
- * split holding the token's own position also makes its KV head's key and value and
- * writes them to k, v and the cache before any warp reads the cache. */
+ * rotated as qkv_finish_kernel does them (the same roundings), into q_fin (and, by
+ * split 0, into q); the split holding the token's own position also makes its KV
+ * head's key and value and writes them to k, v and the cache before any warp reads
+ * the cache. A thread takes pairs of elements: rows of HD / 2 pairs (the query rows,
+ * then the key, then the value), pair j of a rotated row RoPE's pair j when j < half,
+ * else two dimensions past n_rot passed through; a row of the value two dimensions. The
+ * block's threads are a multiple of HD / 2, so a thread's pairs share j, and (c, s),
+ * its angle's, comes in registers from before the wait. Every pair is loaded, with its
+ * biases, before the first is rotated and stored, in registers: one barrier at the
+ * end where going through shared memory (load, barrier, rotate, barrier, store) took
+ * three (H200, 1.5B-shaped, batch 1, seventeenth session, one call: Q4_K_M 938.4-945.3
+ * -> 958.4-970.4 tokens/s, bf16 751.5-754.5 -> 763.7-774.0). */
 template <int HD, int THREADS, int MAXG>
-__device__ void dec_finish(const qf_args &f, const float *cs, const float *sn, int t, int hk, int h0, int group,
-                           bool first, bool last, int64_t slot, float (*q_fin)[HD], float (*kv_fin)[HD]) {
-    const int q_dim = f.n_head * HD, kv_dim = f.n_head_kv * HD, half = f.n_rot / 2;
+__device__ void dec_finish(const qf_args &f, float c, float s, int t, int hk, int h0, int group, bool first, bool last,
+                           int64_t slot, float (*q_fin)[HD]) {
+    static_assert(THREADS % (HD / 2) == 0, "a thread's pairs share their index in the row");
+    constexpr int ROWS = THREADS / (HD / 2), PER = (MAXG + 2 + ROWS - 1) / ROWS; /* rows a pass, passes */
+    const int q_dim = f.n_head * HD, kv_dim = f.n_head_kv * HD, half = f.n_rot / 2, j = threadIdx.x % (HD / 2);
+    const int r0 = threadIdx.x / (HD / 2), rows = group + (last ? 2 : 0);
     const float *in = f.in + (int64_t)t * (q_dim + 2 * kv_dim);
-    /* the group's query rows, then (last) the key and the value: every element a
-     * thread takes is loaded, with its bias, before the first is stored (a loop of
-     * load, add, store was a trip to memory an element) */
-    constexpr int PER = (MAXG * HD + 2 * HD + THREADS - 1) / THREADS;
-    const int n_q = group * HD, n_all = n_q + (last ? 2 * HD : 0);
-    float x[PER], b[PER];
+    /* the pair's two dimensions in a rotated row, and in the value */
+    const int i0 = j < half ? (f.neox ? j : 2 * j) : f.n_rot + 2 * (j - half);
+    const int i1 = j < half ? (f.neox ? j + half : 2 * j + 1) : i0 + 1;
+    float x0[PER], x1[PER], b0[PER], b1[PER];
 #pragma unroll
     for (int k = 0; k < PER; k++) {
-        const int e = threadIdx.x + k * THREADS;
-        x[k] = 0.0f, b[k] = 0.0f;
-        if (e < n_q) {
-            const int i = (h0 + e / HD) * HD + e % HD;
-            x[k] = in[i];
-            if (f.bq) b[k] = f.bq[i];
-        } else if (e < n_all) {
-            const int which = (e - n_q) / HD, i = hk * HD + (e - n_q) % HD; /* 0: the key, 1: the value */
-            x[k] = in[q_dim + which * kv_dim + i];
-            if (f.bq) b[k] = (which ? f.bv : f.bk)[i]; /* all three biases or none, as qkv_finish */
+        const int r = r0 + k * ROWS, which = r - group; /* 0: the key, 1: the value */
+        x0[k] = x1[k] = b0[k] = b1[k] = 0.0f;
+        if (r >= rows) continue;
+        const int e0 = which == 1 ? 2 * j : i0, e1 = which == 1 ? 2 * j + 1 : i1;
+        const int base = which < 0 ? (h0 + r) * HD : q_dim + which * kv_dim + hk * HD;
+        x0[k] = in[base + e0], x1[k] = in[base + e1];
+        if (f.bq) { /* all three biases or none, as qkv_finish */
+            const float *bias = which < 0 ? f.bq + (h0 + r) * HD : (which ? f.bv : f.bk) + hk * HD;
+            b0[k] = bias[e0], b1[k] = bias[e1];
         }
     }
 #pragma unroll
     for (int k = 0; k < PER; k++) {
-        const int e = threadIdx.x + k * THREADS;
-        const float v = f.bq ? __fadd_rn(x[k], b[k]) : x[k];
-        if (e < n_q) q_fin[e / HD][e % HD] = v;
-        else if (e < n_all) kv_fin[(e - n_q) / HD][(e - n_q) % HD] = v;
-    }
-    __syncthreads();
-    const int rows = group + (last ? 1 : 0); /* the query rows, then the key */
-    for (int e = threadIdx.x; e < rows * half; e += THREADS) {
-        const int r = e / half, i = e % half;
-        lm_cuda_rope_rotate(r < group ? q_fin[r] : kv_fin[0], i, half, f.neox, cs[i], sn[i]);
-    }
-    __syncthreads();
-    if (first)
-        for (int e = threadIdx.x; e < group * HD; e += THREADS)
-            f.q[((int64_t)t * f.n_head + h0) * HD + e] = q_fin[e / HD][e % HD];
-    if (last) {
-        for (int e = threadIdx.x; e < HD; e += THREADS) {
-            const int64_t i = (int64_t)t * kv_dim + hk * HD + e, c = slot * kv_dim + hk * HD + e;
-            f.k[i] = kv_fin[0][e], f.v[i] = kv_fin[1][e];
-            ((__half *)f.K)[c] = __float2half_rn(kv_fin[0][e]);
-            ((__half *)f.V)[c] = __float2half_rn(kv_fin[1][e]);
+        const int r = r0 + k * ROWS, which = r - group;
+        if (r >= rows) continue;
+        float v0 = f.bq ? __fadd_rn(x0[k], b0[k]) : x0[k], v1 = f.bq ? __fadd_rn(x1[k], b1[k]) : x1[k];
+        if (which < 1 && j < half) {
+            const float u0 = __fsub_rn(__fmul_rn(v0, c), __fmul_rn(v1, s));
+            v1 = __fadd_rn(__fmul_rn(v0, s), __fmul_rn(v1, c)), v0 = u0; /* lm_cuda_rope_rotate's roundings */
+        }
+        if (which < 0) {
+            q_fin[r][i0] = v0, q_fin[r][i1] = v1;
+            if (first) {
+                float *qr = f.q + ((int64_t)t * f.n_head + h0 + r) * HD;
+                qr[i0] = v0, qr[i1] = v1;
+            }
+        } else {
+            const int e0 = which == 1 ? 2 * j : i0, e1 = which == 1 ? 2 * j + 1 : i1;
+            const int64_t i = (int64_t)t * kv_dim + hk * HD, cc = slot * kv_dim + hk * HD;
+            float *dst = which ? f.v : f.k;
+            __half *cache = (__half *)(which ? f.V : f.K);
+            dst[i + e0] = v0, dst[i + e1] = v1;
+            cache[cc + e0] = __float2half_rn(v0), cache[cc + e1] = __float2half_rn(v1);
         }
     }
-    /* the warps' key and value loads below read the slot: only this block's (the
-     * split holding the position), after this barrier (a __threadfence before it,
-     * for other blocks, cost ~0.5 us a layer at 64 sequences) */
+    /* q_fin for every warp; the warps' key and value loads below read the slot: only
+     * this block's (the split holding the position), after this barrier (a
+     * __threadfence before it, for other blocks, cost ~0.5 us a layer at 64 sequences) */
     __syncthreads();
 }
 
@@ -146,7 +154,7 @@ __global__ void __launch_bounds__(32 * WARPS)
     if (profiled) stamp[0] = lm_cuda_clock_ns();
     __shared__ float o_sh[WARPS][MAXG][HD + 1]; /* +1: rows fall in other banks */
     __shared__ float ml_sh[WARPS][MAXG][2];
-    __shared__ float q_fin[FIN ? MAXG : 1][HD], kv_fin[FIN ? 2 : 1][HD], cs[HD / 2], sn[HD / 2];
+    __shared__ float q_fin[FIN ? MAXG : 1][HD];
     __shared__ int last_sh;
     /* the token's place and block table first, while the kernel before this one still
      * runs: the metadata was copied before it (cuda_qkv_finish.cu does the same) */
@@ -158,9 +166,10 @@ __global__ void __launch_bounds__(32 * WARPS)
     if (split >= n_split) return; /* a recorded pass's grid holds its longest context */
     const int kb_begin = kb_lo + split * DEC_SPLIT_KB, kb_end = min(kb_last, kb_begin + DEC_SPLIT_KB - 1);
     const int32_t *table = meta + meta[n + t];
-    if (FIN)
-        for (int i = threadIdx.x; i < fin.n_rot / 2; i += THREADS)
-            lm_cuda_rope_cs_from(fin.rope, fin.rope_len, p, fin.freq_scale, fin.theta, i, fin.n_rot, &cs[i], &sn[i]);
+    float rc = 1.0f, rs = 0.0f; /* the angle of this thread's RoPE pair (dec_finish) */
+    if (FIN && threadIdx.x % (HD / 2) < fin.n_rot / 2)
+        lm_cuda_rope_cs_from(fin.rope, fin.rope_len, p, fin.freq_scale, fin.theta, threadIdx.x % (HD / 2), fin.n_rot,
+                             &rc, &rs);
     /* ahead: a warp's first KV block, when it lies wholly before the token's own
      * position, was written by earlier steps: its keys and values are loaded before
      * the wait, under the kernel before and this one's qkv_finish */
@@ -179,8 +188,8 @@ __global__ void __launch_bounds__(32 * WARPS)
     lm_pdl_enter();
     if (profiled) stamp[2] = lm_cuda_clock_ns();
     if (FIN)
-        dec_finish<HD, THREADS, MAXG>(fin, cs, sn, t, hk, h0, group, split == 0, split == n_split - 1,
-                                (int64_t)table[p / TC_ROWS] * TC_ROWS + p % TC_ROWS, q_fin, kv_fin);
+        dec_finish<HD, THREADS, MAXG>(fin, rc, rs, t, hk, h0, group, split == 0, split == n_split - 1,
+                                (int64_t)table[p / TC_ROWS] * TC_ROWS + p % TC_ROWS, q_fin);
     if (profiled) stamp[3] = lm_cuda_clock_ns();
     /* the group's query heads are the rows */
     uint32_t qa[HD / 16][4];
