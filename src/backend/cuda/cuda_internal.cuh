@@ -357,8 +357,10 @@ struct lm_cuda_sync_block {
 /* The sum over the block of every thread's `sum`, in a fixed order (the warp's
  * butterfly, then the warps in index order); `part` is shared memory for THREADS / 32
  * doubles. THREADS are the block's first threads; `sync` is their barrier (a named
- * barrier where other warps of the block do not take part). */
-template <int THREADS, typename SYNC = lm_cuda_sync_block>
+ * barrier where other warps of the block do not take part). REUSE: a barrier after the
+ * reads, so `part` may be written again right away; callers summing once leave it out
+ * (a barrier is a few hundred ns of a latency-bound kernel). */
+template <int THREADS, typename SYNC = lm_cuda_sync_block, bool REUSE = true>
 __device__ __forceinline__ double lm_cuda_block_total(double sum, double *part, SYNC sync = SYNC()) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
@@ -368,7 +370,7 @@ __device__ __forceinline__ double lm_cuda_block_total(double sum, double *part, 
     double total = 0.0;
 #pragma unroll
     for (int i = 0; i < THREADS / 32; i++) total += part[i];
-    sync(); /* part may be reused right away */
+    if (REUSE) sync();
     return total;
 }
 
@@ -390,7 +392,8 @@ __device__ __forceinline__ double lm_cuda_block_sum_sq(const float *x, int64_t d
  * in registers across the reduction, so the row is not read twice from memory (the
  * kernels are a chain of dependent memory trips). out may be y; y is written only
  * when add is given. outb (may be NULL): out again, rounded to bf16. Shared by
- * rms_norm and add_rms_norm, which must agree to the bit. */
+ * rms_norm and add_rms_norm, which must agree to the bit. `part` is summed into
+ * once, with no barrier after: a row a block, or a `part` per call. */
 template <int THREADS>
 __device__ __forceinline__ void lm_cuda_norm_row(float *y, const float *add, const float *__restrict__ w, int64_t d,
                                                  float eps, float *out, double *part, __nv_bfloat16 *outb) {
@@ -425,7 +428,7 @@ __device__ __forceinline__ void lm_cuda_norm_row(float *y, const float *add, con
         if (add) a = __fadd_rn(a, add[j]), y[j] = a;
         sum += (double)a * (double)a;
     }
-    const double total = lm_cuda_block_total<THREADS>(sum, part);
+    const double total = lm_cuda_block_total<THREADS, lm_cuda_sync_block, false>(sum, part); /* one row a block */
     const float inv = (float)(1.0 / sqrt(total / (double)d + (double)eps));
 #pragma unroll
     for (int c = 0; c < NORM_CACHE; c++) {
