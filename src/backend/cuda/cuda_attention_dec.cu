@@ -24,7 +24,8 @@
  * splits, more blocks for a batch's ~200-position contexts, measured slower: splits
  * of 4 / 8 / 16 KV blocks gave 24,902 / 26,008 / 27,412 tokens/s at 64 sequences and
  * 56,640 / 60,353 / 68,309 at 256, the merges costing more than the parallelism
- * gained.)
+ * gained; and at batch 1, splits of 8, one KV block a warp: 920-938 vs 944-960 tokens/s
+ * Q4_K_M, 743-750 vs 765-768 bf16, seventeenth session.)
  *
  * A warp's first KV block, when it lies wholly before the token's position (written
  * by earlier steps), is loaded before the PDL wait, so its keys and values arrive
