@@ -277,6 +277,20 @@ __device__ __forceinline__ void lm_pdl_enter(void) {
 #endif
 }
 
+/* lm_pdl_enter with the next kernel let in first: it may be scheduled while the
+ * kernel before this one still runs (two links of the chain resident ahead instead of
+ * one; its own wait still waits for this kernel, so for the one before too). Only
+ * for kernels whose successors start no weight traffic before their wait: every
+ * kernel so, the 8-bit products' early weights came in under the norms and the
+ * attention and slowed them (H200, 1.5B-shaped, batch 1, seventeenth session: Q4_K_M
+ * 846-854 vs 954-970 tokens/s). The f32/bf16 matrix-vector kernel takes it. */
+__device__ __forceinline__ void lm_pdl_enter_early(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 /* The GPU's global clock in nanoseconds (profiles). */
 __device__ __forceinline__ uint64_t lm_cuda_clock_ns(void) {
     uint64_t t;
