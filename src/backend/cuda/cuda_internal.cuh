@@ -265,10 +265,10 @@ static inline bool lm_cuda_launched(lm_cuda_backend *cu, const char *kernel) {
  * visible, then lets the next kernel be scheduled in turn. What overlaps is the launch
  * and block scheduling of one kernel with the tail of the previous one: the gap
  * between the small kernels of a decode step. Every kernel queued with lm_cuda_launch
- * must call lm_pdl_enter() before it touches memory that kernels write; what only the
- * host writes, before the pass (weights, the pass's metadata, a RoPE table filled and
- * waited for), may be read ahead of it, and the products' weights and the attention's
- * metadata are. Kernels queued with <<<>>> (and copies, cuBLAS) keep the full stream
+ * must call lm_pdl_enter() (or lm_pdl_enter_early()) before it touches memory that
+ * kernels write; what only the host writes, before the pass (weights, the pass's
+ * metadata, a RoPE table filled and waited for), may be read ahead of it, and the
+ * products' weights and the attention's metadata are. Kernels queued with <<<>>> (and copies, cuBLAS) keep the full stream
  * order. LUMEN_CUDA_PDL=0 turns it off. */
 __device__ __forceinline__ void lm_pdl_enter(void) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
