@@ -283,8 +283,10 @@ __device__ __forceinline__ void lm_pdl_enter(void) {
  * for kernels whose successors start no weight traffic before their wait: with every
  * kernel entering so, the 8-bit products' early weight requests came in under the
  * norms and the attention and slowed them (H200, 1.5B-shaped, batch 1, seventeenth
- * session: Q4_K_M 846-854 vs 954-970 tokens/s). The f32/bf16 matrix-vector kernel
- * enters so. */
+ * session: Q4_K_M 846-854 vs 954-970 tokens/s). The matrix-vector kernels enter so
+ * where the product after them requests nothing early: the f32/bf16 one's
+ * (cuda_matmul.cu), the 8-bit one's but gate/up (cuda_matmul_q8.cu), the 8-bit down
+ * products' (cuda_matmul_q8h.cu). */
 __device__ __forceinline__ void lm_pdl_enter_early(void) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
