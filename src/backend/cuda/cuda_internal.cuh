@@ -265,32 +265,28 @@ static inline bool lm_cuda_launched(lm_cuda_backend *cu, const char *kernel) {
  * visible, then lets the next kernel be scheduled in turn. What overlaps is the launch
  * and block scheduling of one kernel with the tail of the previous one: the gap
  * between the small kernels of a decode step. Every kernel queued with lm_cuda_launch
- * must call lm_pdl_enter() (or lm_pdl_enter_early()) before it touches memory that
- * kernels write; what only the host writes, before the pass (weights, the pass's
- * metadata, a RoPE table filled and waited for), may be read ahead of it, and the
- * products' weights and the attention's metadata are. Kernels queued with <<<>>> (and
- * copies, cuBLAS) keep the full stream order. LUMEN_CUDA_PDL=0 turns it off. */
-__device__ __forceinline__ void lm_pdl_enter(void) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-
-/* lm_pdl_enter with the next kernel let in first: it may be scheduled while the
- * kernel before this one still runs (two links of the chain resident ahead instead of
- * one; its own wait still waits for this kernel, so for the one before too). Only
- * for kernels whose successors start no weight traffic before their wait: with every
- * kernel entering so, the 8-bit products' early weight requests came in under the
- * norms and the attention and slowed them (H200, 1.5B-shaped, batch 1, seventeenth
- * session: Q4_K_M 846-854 vs 954-970 tokens/s). The matrix-vector kernels enter so
- * where the product after them requests nothing early: the f32/bf16 one's
+ * must call lm_pdl_enter() before it touches memory that kernels write; what only the
+ * host writes, before the pass (weights, the pass's metadata, a RoPE table filled and
+ * waited for), may be read ahead of it, and the products' weights and the attention's
+ * metadata are. Kernels queued with <<<>>> (and copies, cuBLAS) keep the full stream
+ * order. LUMEN_CUDA_PDL=0 turns it off.
+ *
+ * LET_IN_FIRST: the next kernel let in before the wait, so it may be scheduled while
+ * the kernel before this one still runs (two links of the chain resident ahead
+ * instead of one; its own wait still waits for this kernel, so for the one before
+ * too). Only for kernels whose successors start no weight traffic before their wait:
+ * with every kernel entering so, the 8-bit products' early weight requests came in
+ * under the norms and the attention and slowed them (H200, 1.5B-shaped, batch 1,
+ * seventeenth session: Q4_K_M 846-854 vs 954-970 tokens/s). The matrix-vector kernels
+ * enter so where the product after them requests nothing early: the f32/bf16 one's
  * (cuda_matmul.cu), the 8-bit one's but gate/up (cuda_matmul_q8.cu), the 8-bit down
  * products' (cuda_matmul_q8h.cu). */
-__device__ __forceinline__ void lm_pdl_enter_early(void) {
+template <bool LET_IN_FIRST = false>
+__device__ __forceinline__ void lm_pdl_enter(void) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+    if constexpr (LET_IN_FIRST) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    if constexpr (!LET_IN_FIRST) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }
 

@@ -211,11 +211,8 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MIN_BLOCKS)
      * 1,573-1,593 -> 1,595-1,602; in this form, another call: 757.1-764.3 ->
      * 763.0-770.0, Q4_K_M unchanged). Not for staged rows: the product after a staged one
      * (gate/up, then down) is staged as well, and its weight requests before its wait
-     * would come in under the kernel before this one (lm_pdl_enter_early). */
-    if constexpr (STAGE)
-        lm_pdl_enter();
-    else
-        lm_pdl_enter_early();
+     * would come in under the kernel before this one (lm_pdl_enter). */
+    lm_pdl_enter<!STAGE>();
     if constexpr (STAGE) {
         lm_cp_async_wait_all();
         __syncthreads();

@@ -436,14 +436,11 @@ __global__ void __launch_bounds__(MVQ_THREADS, 4)
     /* the wait after them: weights are written at load, never by the kernels before,
      * so the first round streams in while the kernel before this one (a norm) runs.
      * The next kernel let in first, but for gate/up, whose down product (q8h)
-     * requests its weights before its wait (lm_pdl_enter_early). With the down
+     * requests its weights before its wait (lm_pdl_enter). With the down
      * products' kernel entering so as well: H200, Q4_K_M 1.5B-shaped, one call
      * (seventeenth session), batch 1 955.2-966.7 -> 990.7-996.6 tokens/s, 4 sequences
      * 2,061-2,069 -> 2,071-2,082. */
-    if constexpr (SWIGLU)
-        lm_pdl_enter();
-    else
-        lm_pdl_enter_early();
+    lm_pdl_enter<!SWIGLU>();
     /* a super-block per MVQ_QLANES lanes, every lane through the same trips (the shuffles) */
     for (int p0 = 0; p0 < nt * nsb; p0 += MVQ_THREADS / MVQ_QLANES) {
         const int p = p0 + (int)threadIdx.x / MVQ_QLANES, t = p / nsb, sb = p % nsb;

@@ -182,7 +182,7 @@ __global__ void __launch_bounds__(Q8H_THREADS, 4)
 #pragma unroll
     for (int i = 0; i < Q8H_CPL; i++)
         if (on && lane + 32 * i < n_chunks) q8h_load(wr, lane + 32 * i, w[i]);
-    lm_pdl_enter_early(); /* the next kernel (a norm) let in first */
+    lm_pdl_enter<true>(); /* the next kernel (a norm) let in first */
     /* the chunks' activations read in turn: all requested at once they would not fit
      * the registers; staged in shared memory behind a barrier they took longer (6.5 us
      * a launch in the step's timeline against 5.9), prefetched into L1 far longer (13.4) */
@@ -286,7 +286,7 @@ __global__ void __launch_bounds__(Q8H_THREADS, 4)
     uint4 *stage = (uint4 *)(q8h_smem + q8h_acts_bytes(NT, h.ff)) + (size_t)warp * stage_words;
     if (on)
         for (int i = lane; i < words; i += 32) lm_cp_async16(stage + i, (const void *)(a0 + 16 * (uintptr_t)i));
-    lm_pdl_enter_early(); /* the next kernel (a norm) let in first */
+    lm_pdl_enter<true>(); /* the next kernel (a norm) let in first */
     const mv_q8h hs = q8h_stage_acts(h, t0, nt, q8h_smem);
     lm_cp_async_wait_all();
     __syncthreads();
