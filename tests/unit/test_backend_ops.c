@@ -925,13 +925,16 @@ static void test_attention(void) {
  * attention's blocks: q, k, v, the cache and the attention's output bit-equal to the
  * same calls with a download after the product (which splits the product and runs
  * qkv_finish on its own). Contexts of 20 to 527 positions: one split and several;
- * RoPE over the whole head (NEOX) and over part of it (64 of 128 dimensions, NORM). */
-static void test_qkv_attention_fused(int n_rot, lm_rope_mode mode) {
+ * RoPE over the whole head (NEOX) and over part of it (NORM); head sizes 128 and 64.
+ * The CUDA backend's 8-warp decode attention stages each split's keys and values in
+ * shared memory when it runs the qkv_finish: this compares that form to the plain one. */
+static void test_qkv_attention_fused(int hd, int n_rot, lm_rope_mode mode) {
     if (!g_gpu->ops->qkv_finish || !g_gpu->ops->matmul_many || !g_gpu->ops->weight_pack) {
         printf("  %-10s %-40s\n", "qkv+attn", "no fused ops (LUMEN_CUDA_FUSED=0?): skipped");
         return;
     }
-    enum { N = 40, HD = 128, NH = 12, NKV = 2, D = 256, BS = 16 };
+    enum { N = 40, NH = 12, NKV = 2, D = 256, BS = 16 };
+    const int64_t HD = hd;
     const int64_t rows[3] = {NH * HD, NKV * HD, NKV * HD}, d_kv = NKV * HD, max_ctx = 20 + 13 * (N - 1) + 1;
     test_weight w[3];
     lm_weight *gw[3] = {NULL, NULL, NULL};
@@ -1001,8 +1004,8 @@ static void test_qkv_attention_fused(int n_rot, lm_rope_mode mode) {
     for (int k = 0; k < 3; k++) same = same && bit_equal(got[0][k], got[1][k], N * rows[k]);
     same = same && bit_equal(got[0][3], got[1][3], N * NH * HD);
     char what[64];
-    snprintf(what, sizeof what, "BF16 packed, 40 tokens, hd 128 12/2 %s rot %d", mode == LM_ROPE_NEOX ? "neox" : "norm",
-             n_rot);
+    snprintf(what, sizeof what, "BF16 packed, 40 tokens, hd %d 12/2 %s rot %d", hd,
+             mode == LM_ROPE_NEOX ? "neox" : "norm", n_rot);
     printf("  %-10s %-40s %s\n", "qkv+attn", what,
            same ? "back to back == apart (q, k, v, cache, output bit-equal)" : "DIFFER");
     CHECK(same);
@@ -1338,8 +1341,9 @@ int main(void) {
     test_rope();
     test_activations();
     test_attention();
-    test_qkv_attention_fused(128, LM_ROPE_NEOX);
-    test_qkv_attention_fused(64, LM_ROPE_NORM);
+    test_qkv_attention_fused(128, 128, LM_ROPE_NEOX);
+    test_qkv_attention_fused(128, 64, LM_ROPE_NORM);
+    test_qkv_attention_fused(64, 64, LM_ROPE_NEOX);
     test_models();
     test_decode_step(LM_ARCH_QWEN2, 128, LM_DTYPE_BF16);
     test_decode_step(LM_ARCH_LLAMA, 64, LM_DTYPE_F16);

@@ -28,10 +28,16 @@
  * Q4_K_M, 743-750 vs 765-768 bf16, seventeenth session.)
  *
  * A warp's first KV block, when it lies wholly before the token's position (written
- * by earlier steps), is loaded before the PDL wait, so its keys and values arrive
- * under the kernel before and the qkv_finish (side by side on the H200, 1.5B bf16,
- * LUMEN_CUDA_ATTN_DEC_AHEAD=0 for the other: a step's GPU time at 64 sequences 2.032
- * -> 2.009 ms, 29,735 -> 30,094 tokens/s; at 256, 73,653 -> 74,304). Loading the
+ * by earlier steps), is requested before the PDL wait, so its keys and values arrive
+ * under the kernel before and the qkv_finish: as 16-byte copies into shared memory,
+ * made fragments by ldmatrix after the wait (dec_stage_first; eighteenth session,
+ * same call: bf16 batch 1 769.8-781.1 -> 786.9-793.3 tokens/s, 256 sequences
+ * 79,251-79,399 -> 79,913-80,074, Q4_K_M 980-1,002 both; in block (0, 0), before
+ * the wait 1.96 -> 1.15 us, qkv_finish 1.15 -> 0.77) instead of the fragments' own
+ * scattered loads. (That block before the wait at all, against after it: side by
+ * side on the H200, 1.5B bf16, LUMEN_CUDA_ATTN_DEC_AHEAD=0 for the other, a step's
+ * GPU time at 64 sequences 2.032 -> 2.009 ms, 29,735 -> 30,094 tokens/s; at 256,
+ * 73,653 -> 74,304.) Loading the
  * token's own block there as well (its row put in from the qkv_finish's shared memory
  * afterwards; branch attn-own-early) measured the same at batch 1 (fourteenth session,
  * H200, 1.5B: bf16 750.7-751.5 vs 743.0-752.0 tokens/s, Q4_K_M 762-766 vs 761-765),
@@ -58,8 +64,74 @@
  * and 128, up to 16 query heads per KV head. */
 #include "backend/cuda/cuda_attention_split.cuh"
 #include "backend/cuda/cuda_attention_tc.cuh"
+#include "backend/cuda/cuda_bulk.cuh"
 
 enum { DEC_MAX_GROUP = 16, DEC_SPLIT_KB = 16 };
+
+/* A warp's first KV block, staged (dec_stage_first): its 16 key rows, then its 16
+ * value rows, of HD + 8 halves each in the kernel's dynamic shared memory, so the 8
+ * rows an ldmatrix reads fall in different banks. */
+template <int HD>
+__host__ __device__ constexpr int dec_stage_row() { return HD + 8; }
+template <int HD>
+__host__ __device__ constexpr size_t dec_stage_warp_bytes() {
+    return (size_t)2 * TC_ROWS * dec_stage_row<HD>() * sizeof(__half);
+}
+
+/* The KV block's keys and values requested into the warp's stage: 16-byte copies, 16
+ * a lane at head size 128, where the fragments' own loads (load_keys, load_values)
+ * are 96 a lane of 4 and 2 bytes, scattered. Issuing those before the PDL wait kept
+ * the block ~2 us from its wait, and the block reaches its wait only after the kernel
+ * before has finished (H200, 1.5B-shaped, batch 1: 0.02 us in the wait; with every
+ * request moved after the wait, 0.33 us before it and 0.40 in it), so their issue lay
+ * on the step's chain. A lane waits for its copies before the warp's ldmatrix. */
+template <int HD>
+__device__ __forceinline__ void dec_stage_first(__half *st, const __half *__restrict__ K, const __half *__restrict__ V,
+                                                int32_t blk, int64_t d_kv, int64_t head_off, int lane) {
+    constexpr int CH = HD / 8, R = dec_stage_row<HD>();
+    const __half *Kb = K + (int64_t)blk * TC_ROWS * d_kv + head_off, *Vb = V + (int64_t)blk * TC_ROWS * d_kv + head_off;
+#pragma unroll
+    for (int i = lane; i < TC_ROWS * CH; i += 32) {
+        const int row = i / CH, ch = i % CH;
+        lm_cp_async16(st + row * R + ch * 8, Kb + row * d_kv + ch * 8);
+        lm_cp_async16(st + (TC_ROWS + row) * R + ch * 8, Vb + row * d_kv + ch * 8);
+    }
+}
+
+__device__ __forceinline__ void dec_ldmatrix_x4(uint32_t r[4], const __half *p, bool trans) {
+    const uint32_t a = lm_smem_addr(p);
+    if (trans)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a));
+}
+
+/* The staged block as load_keys' and load_values' fragments (the same halves, so the
+ * same bits): lane l gives the row of matrix l / 8. Keys: matrices (n tile, half of
+ * the 16 dimensions) of slice kc, rows the positions; values: transposed, matrices
+ * (half of the 16 positions, dimension tile) for two tiles at once. */
+template <int HD>
+__device__ __forceinline__ void dec_frags_of_stage(const __half *st, int lane, uint32_t kf[HD / 16][2][2],
+                                                   uint32_t vf[HD / 8][2]) {
+    constexpr int R = dec_stage_row<HD>();
+    const int m = lane >> 3, r = lane & 7;
+#pragma unroll
+    for (int kc = 0; kc < HD / 16; kc++) {
+        uint32_t x[4];
+        dec_ldmatrix_x4(x, st + ((m >> 1) * 8 + r) * R + kc * 16 + (m & 1) * 8, false);
+        kf[kc][0][0] = x[0], kf[kc][0][1] = x[1], kf[kc][1][0] = x[2], kf[kc][1][1] = x[3];
+    }
+#pragma unroll
+    for (int j = 0; j < HD / 8; j += 2) {
+        uint32_t x[4];
+        dec_ldmatrix_x4(x, st + (TC_ROWS + (m & 1) * 8 + r) * R + (j + (m >> 1)) * 8, true);
+        vf[j][0] = x[0], vf[j][1] = x[1], vf[j + 1][0] = x[2], vf[j + 1][1] = x[3];
+    }
+}
 
 /* LUMEN_CUDA_ATTN_PROFILE=1: the phases of block (0, 0) of each launch, their sums
  * (ns) and the launch count in cu->attn_prof: before the PDL wait, the wait, the
@@ -181,10 +253,9 @@ __global__ void __launch_bounds__(32 * WARPS)
     /* the first block's table entry before the wait as well, early or not: a warp
      * starting on the token's own block then reads no table after the qkv_finish */
     int32_t blk = kb_first <= kb_end ? table[kb_first] : 0;
-    if (early) {
-        load_keys<HD>(K, blk, d_kv, head_off, g, c2, kf);
-        if constexpr (tc_early(HD)) load_values<HD>(V, blk, TC_ROWS - 1, d_kv, head_off, g, c2, vf);
-    }
+    extern __shared__ __align__(16) uint4 dec_stage_words[]; /* tc_early(HD): dec_stage_warp_bytes a warp */
+    __half *const stage = (__half *)dec_stage_words + warp * (dec_stage_warp_bytes<HD>() / sizeof(__half));
+    if (early) dec_stage_first<HD>(stage, K, V, blk, d_kv, head_off, lane);
     if (profiled) stamp[1] = lm_cuda_clock_ns();
     lm_pdl_enter();
     if (profiled) stamp[2] = lm_cuda_clock_ns();
@@ -200,6 +271,9 @@ __global__ void __launch_bounds__(32 * WARPS)
     int kb = kb_first;
     if (early) {
         if constexpr (tc_early(HD)) {
+            lm_cp_async_wait_all();
+            __syncwarp();
+            dec_frags_of_stage<HD>(stage, lane, kf, vf);
             const int next = kb + WARPS <= kb_end ? kb + WARPS : -1;
             tc_attend_block<HD, true, true>(K, V, table, kb, next, blk, p - kb * TC_ROWS, d_kv, head_off, g, c2, qa,
                                             kf, lo, pos, scale, m, l, o, vf);
@@ -270,6 +344,23 @@ __global__ void __launch_bounds__(32 * WARPS)
                                           max_splits, &last_sh);
 }
 
+/* The kernel's dynamic shared memory (its warps' stages) allowed, with its static
+ * shared memory past 48 KB at head size 128, once a backend for each form
+ * (cu->attn_dec_smem: a bit a form; the attribute is the function's, on the
+ * backend's device). An error is recorded when it is refused. */
+template <int HD, int WARPS, int MAXG, bool FIN>
+static bool dec_allow(lm_cuda_backend *cu) {
+    const size_t bytes = WARPS * dec_stage_warp_bytes<HD>();
+    const unsigned bit = 1u << ((HD == 64 ? 0 : 4) + (WARPS == 8 ? 0 : 2) + (FIN ? 1 : 0));
+    if (cu->attn_dec_smem & bit) return true;
+    if (!lm_cuda_ok(cu, cudaFuncSetAttribute(attn_dec_kernel<HD, WARPS, MAXG, FIN>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes),
+                    "decode attention (shared memory for its KV stages)"))
+        return false;
+    cu->attn_dec_smem |= bit;
+    return true;
+}
+
 bool lm_cuda_attention_dec_supports(const lm_kv_cache *kv, int64_t n_head, int64_t n_head_kv, int64_t head_dim) {
     return kv->type == LM_DTYPE_F16 && kv->block_size == TC_ROWS && (head_dim == 64 || head_dim == 128) &&
            n_head / n_head_kv <= DEC_MAX_GROUP;
@@ -306,9 +397,11 @@ void lm_cuda_attention_dec(lm_cuda_backend *cu, const lm_kv_cache *kv, int64_t l
     memset(&none, 0, sizeof none);
     const qf_args &f = fin ? *fin : none;
 #define LM_DEC(H, W, G, F)                                                                                           \
-    lm_cuda_launch(cu, attn_dec_kernel<H, W, G, F>, grid, 32 * W, meta, (int)n, (int)n_head, (int)n_head_kv,          \
-                   (int)group, d_kv, K, V, q, window, scale, max_splits, out, outb, part, counts, cu->attn_dec_ahead,  \
-                   f, cu->attn_prof)
+    (dec_allow<H, W, G, F>(cu)                                                                                       \
+         ? lm_cuda_launch_smem(cu, attn_dec_kernel<H, W, G, F>, grid, 32 * W, W * dec_stage_warp_bytes<H>(), meta,    \
+                               (int)n, (int)n_head, (int)n_head_kv, (int)group, d_kv, K, V, q, window, scale,        \
+                               max_splits, out, outb, part, counts, cu->attn_dec_ahead, f, cu->attn_prof)             \
+         : (void)0)
 #define LM_DEC_WARPS(H, F) (eight ? LM_DEC(H, 8, 8, F) : LM_DEC(H, 4, DEC_MAX_GROUP, F))
     if (head_dim == 64)
         fin ? LM_DEC_WARPS(64, true) : LM_DEC_WARPS(64, false);

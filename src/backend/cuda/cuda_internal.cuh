@@ -134,6 +134,7 @@ typedef struct lm_cuda_backend {
     int64_t attn_dec_min_n; /* attention: tensor-core decode kernel from this many tokens */
     int attn_dec_warps;     /* attention: that kernel's warps a block, 0: by the batch (LUMEN_CUDA_ATTN_DEC_WARPS) */
     bool attn_dec_ahead;    /* its first KV blocks loaded before the PDL wait (LUMEN_CUDA_ATTN_DEC_AHEAD=0: not) */
+    unsigned attn_dec_smem; /* its forms whose dynamic shared memory was allowed (cuda_attention_dec.cu) */
     int smem_optin;         /* shared memory a block may ask for (bytes)            */
     size_t decode_smem_set[2]; /* decode_step kernels' shared memory as last set    */
     uint64_t *decode_prof;  /* LUMEN_CUDA_DECODE_PROFILE: decode_step's stage clocks (cuda_decode_step.cu) */
