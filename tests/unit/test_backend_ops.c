@@ -925,9 +925,8 @@ static void test_attention(void) {
  * attention's blocks: q, k, v, the cache and the attention's output bit-equal to the
  * same calls with a download after the product (which splits the product and runs
  * qkv_finish on its own). Contexts of 20 to 527 positions: one split and several;
- * RoPE over the whole head (NEOX) and over part of it (NORM); head sizes 128 and 64.
- * The CUDA backend's 8-warp decode attention stages each split's keys and values in
- * shared memory when it runs the qkv_finish: this compares that form to the plain one. */
+ * RoPE over the whole head (NEOX) and over part of it (NORM); head sizes 128 and 64
+ * (the CUDA decode attention's two instantiations). */
 static void test_qkv_attention_fused(int hd, int n_rot, lm_rope_mode mode) {
     if (!g_gpu->ops->qkv_finish || !g_gpu->ops->matmul_many || !g_gpu->ops->weight_pack) {
         printf("  %-10s %-40s\n", "qkv+attn", "no fused ops (LUMEN_CUDA_FUSED=0?): skipped");

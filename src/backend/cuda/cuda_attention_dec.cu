@@ -30,7 +30,7 @@
  * A warp's first KV block, when it lies wholly before the token's position (written
  * by earlier steps), is requested before the PDL wait, so its keys and values arrive
  * under the kernel before and the qkv_finish: as 16-byte copies into shared memory,
- * made fragments by ldmatrix after the wait (dec_stage_first; eighteenth session,
+ * made fragments by ldmatrix after the wait (dec_stage_block; eighteenth session,
  * same call: bf16 batch 1 769.8-781.1 -> 786.9-793.3 tokens/s, 256 sequences
  * 79,251-79,399 -> 79,913-80,074, Q4_K_M 980-1,002 both; in block (0, 0), before
  * the wait 1.96 -> 1.15 us, qkv_finish 1.15 -> 0.77) instead of the fragments' own
@@ -68,7 +68,7 @@
 
 enum { DEC_MAX_GROUP = 16, DEC_SPLIT_KB = 16 };
 
-/* A warp's stage (dec_stage_first): one KV block's 16 key rows, then its 16 value
+/* A warp's stage (dec_stage_block): one KV block's 16 key rows, then its 16 value
  * rows, of HD + 8 halves each in the kernel's dynamic shared memory, so the 8 rows an
  * ldmatrix reads fall in different banks. It holds the warp's first block (every
  * block in turn in the 8-warp kernel: STAGE_ALL). */
@@ -87,7 +87,7 @@ __host__ __device__ constexpr size_t dec_stage_warp_bytes() {
  * request moved after the wait, 0.33 us before it and 0.40 in it), so their issue lay
  * on the step's chain. A lane waits for its copies before the warp's ldmatrix. */
 template <int HD>
-__device__ __forceinline__ void dec_stage_first(__half *st, const __half *__restrict__ K, const __half *__restrict__ V,
+__device__ __forceinline__ void dec_stage_block(__half *st, const __half *__restrict__ K, const __half *__restrict__ V,
                                                 int32_t blk, int64_t d_kv, int64_t head_off, int lane) {
     constexpr int CH = HD / 8, R = dec_stage_row<HD>();
     const __half *Kb = K + (int64_t)blk * TC_ROWS * d_kv + head_off, *Vb = V + (int64_t)blk * TC_ROWS * d_kv + head_off;
@@ -276,7 +276,7 @@ __global__ void __launch_bounds__(32 * WARPS)
         for (int i = 1; i < PER_WARP; i++) blks[i] = kb_first + i * WARPS <= kb_end ? table[kb_first + i * WARPS] : 0;
     extern __shared__ __align__(16) uint4 dec_stage_words[]; /* tc_early(HD): dec_stage_warp_bytes a warp */
     __half *const stage = (__half *)dec_stage_words + warp * (dec_stage_warp_bytes<HD>() / sizeof(__half));
-    if (early) dec_stage_first<HD>(stage, K, V, blk, d_kv, head_off, lane);
+    if (early) dec_stage_block<HD>(stage, K, V, blk, d_kv, head_off, lane);
     if (profiled) stamp[1] = lm_cuda_clock_ns();
     lm_pdl_enter();
     if (profiled) stamp[2] = lm_cuda_clock_ns();
@@ -300,7 +300,7 @@ __global__ void __launch_bounds__(32 * WARPS)
          * The 4-warp kernel (more items than twice the SMs) keeps the fragments' own
          * loads for its later blocks: staged, its 256 sequences went 79,997-80,086 ->
          * 78,605-78,631 (up to 4 blocks a warp, each copy waited for in turn). */
-        if (!early && kb_first <= kb_end) dec_stage_first<HD>(stage, K, V, blk, d_kv, head_off, lane);
+        if (!early && kb_first <= kb_end) dec_stage_block<HD>(stage, K, V, blk, d_kv, head_off, lane);
 #pragma unroll
         for (int i = 0; i < PER_WARP; i++) {
             const int kb = kb_first + i * WARPS;
@@ -312,7 +312,7 @@ __global__ void __launch_bounds__(32 * WARPS)
             if (valid < TC_ROWS - 1) dec_mask_values<HD>(vf, valid, c2);
             __syncwarp(); /* every lane's ldmatrix done: the stage is free */
             if (i + 1 < PER_WARP && kb + WARPS <= kb_end)
-                dec_stage_first<HD>(stage, K, V, blks[i + 1], d_kv, head_off, lane);
+                dec_stage_block<HD>(stage, K, V, blks[i + 1], d_kv, head_off, lane);
             int32_t unused = blks[i];
             tc_attend_block<HD, true, true>(K, V, table, kb, -1, unused, valid, d_kv, head_off, g, c2, qa, kf, lo, pos,
                                             scale, m, l, o, vf);
