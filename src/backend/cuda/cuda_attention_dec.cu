@@ -134,6 +134,16 @@ __device__ __forceinline__ void dec_frags_of_stage(const __half *st, int lane, u
     }
 }
 
+/* The warp's stage, once its copies have landed, as the block's fragments (every
+ * lane's copies waited for, then the warp's barrier before its ldmatrix). */
+template <int HD>
+__device__ __forceinline__ void dec_take_stage(const __half *st, int lane, uint32_t kf[HD / 16][2][2],
+                                               uint32_t vf[HD / 8][2]) {
+    lm_cp_async_wait_all();
+    __syncwarp();
+    dec_frags_of_stage<HD>(st, lane, kf, vf);
+}
+
 /* A staged block's value fragments with the rows past `valid` (the block's last
  * written position) zeroed, as load_value_frag reads them: those rows may never have
  * been written (any bits, NaN included), and a 0 weight times NaN is NaN. */
@@ -269,8 +279,7 @@ __global__ void __launch_bounds__(32 * WARPS)
      * the next block waits on no table read */
     constexpr bool STAGE_ALL = tc_early(HD) && WARPS == 8;
     constexpr int PER_WARP = DEC_SPLIT_KB / WARPS;
-    int32_t blks[PER_WARP];
-    blks[0] = blk;
+    int32_t blks[PER_WARP]; /* [0] unused: blk */
     if constexpr (STAGE_ALL)
 #pragma unroll
         for (int i = 1; i < PER_WARP; i++) blks[i] = kb_first + i * WARPS <= kb_end ? table[kb_first + i * WARPS] : 0;
@@ -305,25 +314,21 @@ __global__ void __launch_bounds__(32 * WARPS)
         for (int i = 0; i < PER_WARP; i++) {
             const int kb = kb_first + i * WARPS;
             if (kb > kb_end) break;
-            lm_cp_async_wait_all();
-            __syncwarp();
-            dec_frags_of_stage<HD>(stage, lane, kf, vf);
+            dec_take_stage<HD>(stage, lane, kf, vf);
             const int valid = p - kb * TC_ROWS;
             if (valid < TC_ROWS - 1) dec_mask_values<HD>(vf, valid, c2);
             __syncwarp(); /* every lane's ldmatrix done: the stage is free */
             if (i + 1 < PER_WARP && kb + WARPS <= kb_end)
                 dec_stage_block<HD>(stage, K, V, blks[i + 1], d_kv, head_off, lane);
-            int32_t unused = blks[i];
-            tc_attend_block<HD, true, true>(K, V, table, kb, -1, unused, valid, d_kv, head_off, g, c2, qa, kf, lo, pos,
+            int32_t none = 0; /* no next block: tc_attend_block reads no table */
+            tc_attend_block<HD, true, true>(K, V, table, kb, -1, none, valid, d_kv, head_off, g, c2, qa, kf, lo, pos,
                                             scale, m, l, o, vf);
         }
     } else {
         int kb = kb_first;
         if (early) {
             if constexpr (tc_early(HD)) {
-                lm_cp_async_wait_all();
-                __syncwarp();
-                dec_frags_of_stage<HD>(stage, lane, kf, vf);
+                dec_take_stage<HD>(stage, lane, kf, vf);
                 const int next = kb + WARPS <= kb_end ? kb + WARPS : -1;
                 tc_attend_block<HD, true, true>(K, V, table, kb, next, blk, p - kb * TC_ROWS, d_kv, head_off, g, c2,
                                                 qa, kf, lo, pos, scale, m, l, o, vf);
