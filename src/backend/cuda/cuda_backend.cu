@@ -47,6 +47,15 @@ void lm_cuda_enter(lm_cuda_backend *cu) {
     if (cu->finish_pending.on) lm_cuda_finish_flush(cu); /* nor is the op after qkv_finish its attention */
 }
 
+void lm_cuda_carveout(lm_cuda_backend *cu, const void *kernel) {
+    for (int i = 0; i < cu->carveout_n; i++)
+        if (cu->carveout_set[i] == kernel) return;
+    if (cu->carveout_n == LM_CUDA_CARVEOUT_KERNELS) return; /* a hint: past the table, the driver's split */
+    cu->carveout_set[cu->carveout_n++] = kernel;
+    lm_cuda_ok(cu, cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cu->carveout),
+               "shared-memory carveout");
+}
+
 /* ---- memory ------------------------------------------------------------------- */
 
 /* The peak is sampled after each allocation: memory in use only grows there.
@@ -731,6 +740,8 @@ extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
     const char *dec_ahead = getenv("LUMEN_CUDA_ATTN_DEC_AHEAD");
     cu->attn_dec_ahead = !(dec_ahead && strcmp(dec_ahead, "0") == 0);
     cu->smem_optin = (int)prop.sharedMemPerBlockOptin;
+    const char *carve = getenv("LUMEN_CUDA_CARVEOUT"); /* percent, or -1: the driver's split */
+    cu->carveout = carve && carve[0] && atoi(carve) >= -1 && atoi(carve) <= 100 ? atoi(carve) : LM_CUDA_CARVEOUT;
     lm_status st = LM_OK;
     int pools = 0;
     if ((e = cudaSetDevice(device)) != cudaSuccess ||

@@ -107,6 +107,8 @@ typedef struct lm_cuda_finish {
     int64_t layer;
 } lm_cuda_finish;
 
+enum { LM_CUDA_CARVEOUT_KERNELS = 256 };
+
 typedef struct lm_cuda_backend {
     lm_backend base;
     lm_backend_ops ops; /* base.ops points here */
@@ -136,6 +138,9 @@ typedef struct lm_cuda_backend {
     bool attn_dec_ahead;    /* its first KV blocks loaded before the PDL wait (LUMEN_CUDA_ATTN_DEC_AHEAD=0: not) */
     unsigned attn_dec_smem; /* its forms whose dynamic shared memory was allowed (cuda_attention_dec.cu) */
     int smem_optin;         /* shared memory a block may ask for (bytes)            */
+    int carveout;           /* preferred shared-memory carveout, % (lm_cuda_launch_with; -1: the driver's) */
+    const void *carveout_set[LM_CUDA_CARVEOUT_KERNELS]; /* the kernels it is set on */
+    int carveout_n;
     size_t decode_smem_set[2]; /* decode_step kernels' shared memory as last set    */
     uint64_t *decode_prof;  /* LUMEN_CUDA_DECODE_PROFILE: decode_step's stage clocks (cuda_decode_step.cu) */
     int decode_prof_layers;
@@ -298,11 +303,35 @@ __device__ __forceinline__ uint64_t lm_cuda_clock_ns(void) {
     return t;
 }
 
+/* The shared-memory carveout (the split of an SM's 256 KB between L1 and shared
+ * memory) is the SM's, not a block's: while blocks of one kernel run on an SM at one
+ * split, blocks of a kernel that needs more shared memory than that split holds cannot
+ * start there until the SM drains and is reconfigured, which undoes what programmatic
+ * dependent launch overlaps. Left to the driver, a decode step's small kernels ran at
+ * a split of little shared memory, so the Q6_K down products (42 KB blocks) and the
+ * decode attention (~107 KB at head size 128) waited for SMs to drain. Every kernel
+ * launched here prefers LM_CUDA_CARVEOUT percent of the most shared memory instead,
+ * but the f32/bf16 matrix-vector and the tensor-core products (lm_cuda_launch_l1),
+ * which stream their weights through L1. H200, 1.5B-shaped, batch 1 (nineteenth
+ * session, side by side in one call each): Q4_K_M 1,001-1,023 -> 1,040-1,060 tokens/s,
+ * bf16 790 -> 796-799; the matrix-vector kernel at 50 as well, bf16 775-778; every
+ * kernel at 50, Q4_K_M at 8 sequences 1,883-1,888 -> 1,858; at 40 and 60, Q4_K_M
+ * 1,017-1,030 and 1,047-1,051; at 100 (L1 28 KB), 871-886; the 8-bit products alone
+ * at 50, without their down products, no gain (a split that changes from one kernel
+ * to the next drains the SMs as well). LUMEN_CUDA_CARVEOUT=N: another percentage, -1
+ * the driver's split. */
+enum { LM_CUDA_CARVEOUT = 50 };
+
+/* The backend's carveout set on `kernel`, once (cuda_backend.cu). */
+void lm_cuda_carveout(lm_cuda_backend *cu, const void *kernel);
+
 /* kernel<<<grid, block, smem, stream>>>(args...), with programmatic dependent launch
- * where the backend allows it (cu->pdl); smem: bytes of dynamic shared memory. */
+ * where the backend allows it (cu->pdl); smem: bytes of dynamic shared memory.
+ * carveout: the backend's preferred split set on the kernel first (above). */
 template <typename... Params, typename... Args>
-static inline void lm_cuda_launch_smem(lm_cuda_backend *cu, void (*kernel)(Params...), dim3 grid, dim3 block,
-                                       size_t smem, Args... args) {
+static inline void lm_cuda_launch_with(lm_cuda_backend *cu, bool carveout, void (*kernel)(Params...), dim3 grid,
+                                       dim3 block, size_t smem, Args... args) {
+    if (carveout && cu->carveout >= 0) lm_cuda_carveout(cu, (const void *)kernel);
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -314,6 +343,19 @@ static inline void lm_cuda_launch_smem(lm_cuda_backend *cu, void (*kernel)(Param
     cfg.attrs = attr;
     cfg.numAttrs = cu->pdl ? 1 : 0;
     cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
+}
+
+template <typename... Params, typename... Args>
+static inline void lm_cuda_launch_smem(lm_cuda_backend *cu, void (*kernel)(Params...), dim3 grid, dim3 block,
+                                       size_t smem, Args... args) {
+    lm_cuda_launch_with(cu, true, kernel, grid, block, smem, args...);
+}
+
+/* The same at the driver's split: products that stream their weights through L1. */
+template <typename... Params, typename... Args>
+static inline void lm_cuda_launch_l1(lm_cuda_backend *cu, void (*kernel)(Params...), dim3 grid, dim3 block,
+                                     size_t smem, Args... args) {
+    lm_cuda_launch_with(cu, false, kernel, grid, block, smem, args...);
 }
 
 /* The same without dynamic shared memory. */
