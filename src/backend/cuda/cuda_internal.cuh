@@ -305,21 +305,22 @@ __device__ __forceinline__ uint64_t lm_cuda_clock_ns(void) {
 
 /* The shared-memory carveout (the split of an SM's 256 KB between L1 and shared
  * memory) is the SM's, not a block's: while blocks of one kernel run on an SM at one
- * split, blocks of a kernel that needs more shared memory than that split holds cannot
- * start there until the SM drains and is reconfigured, which undoes what programmatic
- * dependent launch overlaps. Left to the driver, a decode step's small kernels ran at
- * a split of little shared memory, so the Q6_K down products (42 KB blocks) and the
- * decode attention (~107 KB at head size 128) waited for SMs to drain. Every kernel
- * launched here prefers LM_CUDA_CARVEOUT percent of the most shared memory instead,
- * but the f32/bf16 matrix-vector and the tensor-core products (lm_cuda_launch_l1),
- * which stream their weights through L1. H200, 1.5B-shaped, batch 1 (nineteenth
- * session, side by side in one call each): Q4_K_M 1,001-1,023 -> 1,040-1,060 tokens/s,
- * bf16 790 -> 796-799; the matrix-vector kernel at 50 as well, bf16 775-778; every
- * kernel at 50, Q4_K_M at 8 sequences 1,883-1,888 -> 1,858; at 40 and 60, Q4_K_M
- * 1,017-1,030 and 1,047-1,051; at 100 (L1 28 KB), 871-886; the 8-bit products alone
- * at 50, without their down products, no gain (a split that changes from one kernel
- * to the next drains the SMs as well). LUMEN_CUDA_CARVEOUT=N: another percentage, -1
- * the driver's split. */
+ * split, blocks of a kernel that wants another cannot start there until the SM drains
+ * and is reconfigured, which undoes what programmatic dependent launch overlaps. Left
+ * to the driver, the 8-bit products of a few tokens (cuda_matmul_q8.cu, whose blocks
+ * hold 2-3 KB, and cuda_matmul_q8h.cu, 0 or 42 KB) ran at different splits, so a Q6_K
+ * down product's blocks waited for the gate/up product's SMs to drain. Those kernels
+ * prefer LM_CUDA_CARVEOUT percent of the most shared memory (lm_cuda_launch_carved);
+ * every other kernel keeps the driver's split. H200, 1.5B-shaped (nineteenth session,
+ * side by side in one call each): Q4_K_M batch 1 1,001-1,023 -> 1,032-1,041 tokens/s
+ * with these at 50, 1,040-1,060 with every kernel at 50 but the f32/bf16
+ * matrix-vector and tensor-core products, which lost at 256 sequences what batch 1
+ * gained (bf16 79,540 -> 69,824 tokens/s in the recorded call: the GEMMs' kernels run
+ * at other splits, so each of the step's kernels after one drained the SMs); the
+ * matrix-vector kernel at 50 as well, bf16 batch 1 790 -> 775-778 (it streams its
+ * weights through L1); the 8-bit products without their down products, no gain; at
+ * 40 / 60 / 100 (L1 28 KB), Q4_K_M 1,017-1,030 / 1,047-1,051 / 871-886 with every
+ * kernel there. LUMEN_CUDA_CARVEOUT=N: another percentage, -1 the driver's split. */
 enum { LM_CUDA_CARVEOUT = 50 };
 
 /* The backend's carveout set on `kernel`, once (cuda_backend.cu). */
@@ -345,17 +346,18 @@ static inline void lm_cuda_launch_with(lm_cuda_backend *cu, bool carveout, void 
     cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
 }
 
+/* At the driver's split. */
 template <typename... Params, typename... Args>
 static inline void lm_cuda_launch_smem(lm_cuda_backend *cu, void (*kernel)(Params...), dim3 grid, dim3 block,
                                        size_t smem, Args... args) {
-    lm_cuda_launch_with(cu, true, kernel, grid, block, smem, args...);
+    lm_cuda_launch_with(cu, false, kernel, grid, block, smem, args...);
 }
 
-/* The same at the driver's split: products that stream their weights through L1. */
+/* At the backend's split: the 8-bit products of a few tokens. */
 template <typename... Params, typename... Args>
-static inline void lm_cuda_launch_l1(lm_cuda_backend *cu, void (*kernel)(Params...), dim3 grid, dim3 block,
-                                     size_t smem, Args... args) {
-    lm_cuda_launch_with(cu, false, kernel, grid, block, smem, args...);
+static inline void lm_cuda_launch_carved(lm_cuda_backend *cu, void (*kernel)(Params...), dim3 grid, dim3 block,
+                                         size_t smem, Args... args) {
+    lm_cuda_launch_with(cu, true, kernel, grid, block, smem, args...);
 }
 
 /* The same without dynamic shared memory. */

@@ -346,7 +346,7 @@ static void launch_mv(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, c
         int nt = nn == 1 ? 1 : nn == 2 ? 2 : nn <= 4 ? 4 : 8;
         dim3 grid((unsigned)((rows_all + rpb - 1) / rpb), (unsigned)((nn + nt - 1) / nt));
         /* the kernel indexes tokens from t_base, so x and y need no offset per weight */
-        lm_cuda_launch_l1(cu, mv_kernel_of<T, SWIGLU>(nt, per_lane, stage), grid, dim3(MV_THREADS),
+        lm_cuda_launch_smem(cu, mv_kernel_of<T, SWIGLU>(nt, per_lane, stage), grid, dim3(MV_THREADS),
                             stage ? stage_bytes : 0, set, n_chunks, cols, x + t0 * cols, nn, (int)t0, wpr);
         if (!lm_cuda_launched(cu, "mv_kernel")) return;
     }

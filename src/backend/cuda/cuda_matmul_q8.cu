@@ -512,13 +512,13 @@ static void mvq_launch(lm_cuda_backend *cu, const mv_set &set, int64_t cols, con
         const float *xs = x + g0 * cols;
         switch (nt) {
         case 1:
-            lm_cuda_launch_smem(cu, mvq_kernel<T, 1, SWIGLU>, grid, MVQ_THREADS, smem, s, (int)cols, xs, nn, L, hg);
+            lm_cuda_launch_carved(cu, mvq_kernel<T, 1, SWIGLU>, grid, MVQ_THREADS, smem, s, (int)cols, xs, nn, L, hg);
             break;
         case 2:
-            lm_cuda_launch_smem(cu, mvq_kernel<T, 2, SWIGLU>, grid, MVQ_THREADS, smem, s, (int)cols, xs, nn, L, hg);
+            lm_cuda_launch_carved(cu, mvq_kernel<T, 2, SWIGLU>, grid, MVQ_THREADS, smem, s, (int)cols, xs, nn, L, hg);
             break;
         default:
-            lm_cuda_launch_smem(cu, mvq_kernel<T, 4, SWIGLU>, grid, MVQ_THREADS, smem, s, (int)cols, xs, nn, L, hg);
+            lm_cuda_launch_carved(cu, mvq_kernel<T, 4, SWIGLU>, grid, MVQ_THREADS, smem, s, (int)cols, xs, nn, L, hg);
             break;
         }
         if (!lm_cuda_launched(cu, "mvq_kernel")) return;

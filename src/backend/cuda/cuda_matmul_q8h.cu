@@ -332,8 +332,8 @@ bool lm_cuda_q8h_take(lm_cuda_backend *cu, const lm_weight *w, const float *x, i
                     "down product (shared memory)"))
         return true; /* recorded */
     cu->q8_in_src = NULL;
-    if (q4k) lm_cuda_launch_smem(cu, q4k_fn, grid, block, smem, W, rows, cols, h, y, nn);
-    else lm_cuda_launch_smem(cu, q6k_fn, grid, block, smem, W, rows, cols, stage_words, h, y, nn);
+    if (q4k) lm_cuda_launch_carved(cu, q4k_fn, grid, block, smem, W, rows, cols, h, y, nn);
+    else lm_cuda_launch_carved(cu, q6k_fn, grid, block, smem, W, rows, cols, stage_words, h, y, nn);
     lm_cuda_launched(cu, q4k ? "q8h_q4k_kernel" : "q8h_q6k_kernel");
     return true;
 }

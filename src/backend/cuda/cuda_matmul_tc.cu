@@ -183,10 +183,10 @@ static void launch_tc(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, c
     const dim3 grid((unsigned)(row_blocks * groups));
     const int cols = (int)w[0]->cols, nc = (int)chunks, nn = (int)n, ng = (int)groups;
     switch (nt) {
-    case 1: lm_cuda_launch_l1(cu, tc_kernel<T, 1>, grid, TC_THREADS, 0, set, nc, cols, x, nn, wpt, ng); break;
-    case 2: lm_cuda_launch_l1(cu, tc_kernel<T, 2>, grid, TC_THREADS, 0, set, nc, cols, x, nn, wpt, ng); break;
-    case 4: lm_cuda_launch_l1(cu, tc_kernel<T, 4>, grid, TC_THREADS, 0, set, nc, cols, x, nn, wpt, ng); break;
-    default: lm_cuda_launch_l1(cu, tc_kernel<T, 8>, grid, TC_THREADS, 0, set, nc, cols, x, nn, wpt, ng); break;
+    case 1: lm_cuda_launch(cu, tc_kernel<T, 1>, grid, TC_THREADS, set, nc, cols, x, nn, wpt, ng); break;
+    case 2: lm_cuda_launch(cu, tc_kernel<T, 2>, grid, TC_THREADS, set, nc, cols, x, nn, wpt, ng); break;
+    case 4: lm_cuda_launch(cu, tc_kernel<T, 4>, grid, TC_THREADS, set, nc, cols, x, nn, wpt, ng); break;
+    default: lm_cuda_launch(cu, tc_kernel<T, 8>, grid, TC_THREADS, set, nc, cols, x, nn, wpt, ng); break;
     }
     lm_cuda_launched(cu, "tc_kernel");
 }
