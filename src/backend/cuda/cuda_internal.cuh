@@ -312,13 +312,16 @@ __device__ __forceinline__ uint64_t lm_cuda_clock_ns(void) {
  * down product's blocks waited for the gate/up product's SMs to drain. Those kernels
  * prefer LM_CUDA_CARVEOUT percent of the most shared memory (lm_cuda_launch_carved);
  * every other kernel keeps the driver's split. H200, 1.5B-shaped (nineteenth session,
- * side by side in one call each): Q4_K_M batch 1 1,001-1,023 -> 1,032-1,041 tokens/s
- * with these at 50, 1,040-1,060 with every kernel at 50 but the f32/bf16
- * matrix-vector and tensor-core products, which lost at 256 sequences what batch 1
- * gained (bf16 79,540 -> 69,824 tokens/s in the recorded call: the GEMMs' kernels run
- * at other splits, so each of the step's kernels after one drained the SMs); the
+ * side by side in one call each): Q4_K_M batch 1 1,012-1,028 -> 1,037-1,053 tokens/s
+ * (another call: 1,001-1,002 -> 1,032-1,041), 256 sequences unchanged (bf16
+ * 80,310-80,337 vs 80,637-80,754, Q4_K_M 48,412-48,596 vs 48,403-49,032); the first
+ * form, every kernel at 50 but the f32/bf16 matrix-vector and tensor-core products
+ * (1,034-1,045 at batch 1), lost at 256 sequences what batch 1 gained (bf16 79,540 ->
+ * 69,824 tokens/s in the recorded call; presumably the GEMMs' kernels run at other
+ * splits, and every kernel after one waited for the drain); the
  * matrix-vector kernel at 50 as well, bf16 batch 1 790 -> 775-778 (it streams its
- * weights through L1); the 8-bit products without their down products, no gain; at
+ * weights through L1); the 8-bit products without their down products, 998-1,017
+ * against 1,001-1,002 (the splits change at the down products instead); at
  * 40 / 60 / 100 (L1 28 KB), Q4_K_M 1,017-1,030 / 1,047-1,051 / 871-886 with every
  * kernel there. LUMEN_CUDA_CARVEOUT=N: another percentage, -1 the driver's split. */
 enum { LM_CUDA_CARVEOUT = 50 };
