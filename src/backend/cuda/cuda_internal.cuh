@@ -318,12 +318,13 @@ __device__ __forceinline__ uint64_t lm_cuda_clock_ns(void) {
  * form, every kernel at 50 but the f32/bf16 matrix-vector and tensor-core products
  * (1,034-1,045 at batch 1), lost at 256 sequences what batch 1 gained (bf16 79,540 ->
  * 69,824 tokens/s in the recorded call; presumably the GEMMs' kernels run at other
- * splits, and every kernel after one waited for the drain); the
- * matrix-vector kernel at 50 as well, bf16 batch 1 790 -> 775-778 (it streams its
- * weights through L1); the 8-bit products without their down products, 998-1,017
- * against 1,001-1,002 (the splits change at the down products instead); at
- * 40 / 60 / 100 (L1 28 KB), Q4_K_M 1,017-1,030 / 1,047-1,051 / 871-886 with every
- * kernel there. LUMEN_CUDA_CARVEOUT=N: another percentage, -1 the driver's split. */
+ * splits, and every kernel after one waited for the drain); the f32/bf16
+ * matrix-vector kernel at 50 as well, bf16 batch 1 790 -> 775-778 (its weights pass
+ * through L1 unallocated; why a smaller L1 slows it is not established); the 8-bit
+ * products without their down products, 998-1,017 against 1,001-1,002 (the split
+ * then changes at the down products instead); at 40 / 60 / 100 (L1 28 KB), Q4_K_M
+ * 1,017-1,030 / 1,047-1,051 / 871-886 with every kernel there.
+ * LUMEN_CUDA_CARVEOUT=N: another percentage, -1 the driver's split. */
 enum { LM_CUDA_CARVEOUT = 50 };
 
 /* The backend's carveout set on `kernel`, once (cuda_backend.cu). */
