@@ -8,7 +8,8 @@
  *  - get_rows (bit-exact decoding), rms_norm, add, add_bias, scale, rope (both
  *    pairings, partial rotation, scaled positions), swiglu, geglu;
  *  - kv_store (bit-equal cache contents) and attention over a paged cache with several
- *    sequences, GQA, sliding window, long contexts (split-K), F16 and F32 caches;
+ *    sequences, GQA, sliding window, long contexts (split-K), F16 and F32 caches, NaN
+ *    in every cache slot no token is stored to (kv_poison);
  *  - end to end: tiny random models of all three architectures, CUDA logits against
  *    the CPU's on the exactly decoded weights, and GPU batch invariance.
  * Exits 77 (skipped) when the build has no CUDA backend or no GPU is present.
@@ -20,6 +21,7 @@
 
 #include "backend/backend.h"
 #include "kv/kv_cache.h"
+#include "kv_test_util.h"
 #include "model/forward.h"
 #include "tensor/quant.h"
 #include "test.h"
@@ -792,6 +794,9 @@ static void run_attention_case(const attn_case *ac) {
     CHECK(lm_kv_cache_create(g_cpu, n_layer, d_kv, bs, n_blocks, N_SEQ, ac->type, &kc) == LM_OK);
     CHECK(lm_kv_cache_create(g_gpu, n_layer, d_kv, bs, n_blocks, N_SEQ, ac->type, &kg) == LM_OK);
     if (!kc || !kg) return;
+    /* NaN in every slot no token is stored to, as recycled memory may hold: a kernel
+     * that lets a row past a sequence's last position into its sums fails below */
+    CHECK(kv_poison(kc) && kv_poison(kg));
     /* reserve in rounds so the sequences' blocks interleave in the pool */
     for (int64_t upto = bs; upto < max_len + bs; upto += bs)
         for (int s = 0; s < N_SEQ; s++) {
@@ -945,6 +950,7 @@ static void test_qkv_attention_fused(int hd, int n_rot, lm_rope_mode mode) {
     const int64_t n_blocks = (max_ctx / BS + 1) * N;
     CHECK(lm_kv_cache_create(g_gpu, 1, d_kv, BS, n_blocks, N, LM_DTYPE_F16, &kv) == LM_OK);
     if (!gw[0] || !gw[1] || !gw[2] || !kv) return;
+    CHECK(kv_poison(kv)); /* NaN where no token is stored: the output below must stay finite */
     g_gpu->ops->weight_pack(g_gpu, gw, 3);
     /* sequence s: 20 + 13 s positions, the last one this step's */
     int32_t pos[N], seq[N];
@@ -1002,6 +1008,11 @@ static void test_qkv_attention_fused(int hd, int n_rot, lm_rope_mode mode) {
                 memcmp(cache[0][1], cache[1][1], cache_bytes) == 0;
     for (int k = 0; k < 3; k++) same = same && bit_equal(got[0][k], got[1][k], N * rows[k]);
     same = same && bit_equal(got[0][3], got[1][3], N * NH * HD);
+    int64_t nonfinite = 0;
+    for (int64_t i = 0; i < (int64_t)N * NH * HD; i++) nonfinite += !isfinite(got[0][3][i]);
+    if (nonfinite) printf("  %-10s %lld outputs not finite (a row past its position read)\n", "qkv+attn",
+                          (long long)nonfinite);
+    CHECK(nonfinite == 0);
     char what[64];
     snprintf(what, sizeof what, "BF16 packed, 40 tokens, hd %d 12/2 %s rot %d", hd,
              mode == LM_ROPE_NEOX ? "neox" : "norm", n_rot);

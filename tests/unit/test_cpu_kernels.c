@@ -11,6 +11,7 @@
 #include "backend/cpu/cpu_internal.h"
 #include "backend/cpu/cpu_q8.h"
 #include "kv/kv_cache.h"
+#include "kv_test_util.h"
 #include "tensor/quant.h"
 #include "test.h"
 
@@ -211,7 +212,8 @@ static void test_q8_quantize(void) {
 /* Attention over a paged cache: against a double-precision reference within
  * tolerance, and batch invariance bit for bit: each token's output computed alone
  * equals the same token's output inside a batch (several sequences interleaved,
- * sliding windows, GQA groups of 1..6, head dims 64..256, F16 and F32 caches). */
+ * sliding windows, GQA groups of 1..6, head dims 64..256, F16 and F32 caches). The
+ * pool holds NaN wherever no token was stored (kv_poison): every output finite. */
 typedef struct attn_shape {
     int64_t n_head, n_head_kv, hd, window;
     lm_dtype type;
@@ -226,6 +228,7 @@ static void attention_case(const attn_shape *sh) {
     CHECK(lm_backend_cpu_create(sh->threads, &b) == LM_OK);
     CHECK(lm_kv_cache_create(b, 2, d_kv, 16, 2 * (LEN / 16 + 1) * SEQS, SEQS, sh->type, &kv) == LM_OK);
     if (!b || !kv) return;
+    CHECK(kv_poison(kv));
     float *q = malloc(sizeof(float) * N * d_q), *k = malloc(sizeof(float) * N * d_kv);
     float *v = malloc(sizeof(float) * N * d_kv), *out = malloc(sizeof(float) * N * d_q);
     float *one = malloc(sizeof(float) * d_q);
@@ -244,7 +247,8 @@ static void attention_case(const attn_shape *sh) {
     bool f16 = sh->type == LM_DTYPE_F16;
 #define R16(x) (f16 ? lm_f16_to_f32(lm_f32_to_f16(x)) : (x))
     double worst = 0.0;
-    int64_t group = sh->n_head / sh->n_head_kv;
+    int64_t group = sh->n_head / sh->n_head_kv, nonfinite = 0;
+    for (int64_t i = 0; i < N * d_q; i++) nonfinite += !isfinite(out[i]);
     for (int t = 0; t < N; t++)
         for (int64_t h = 0; h < sh->n_head; h++) {
             int64_t hk = h / group, lo = sh->window > 0 && pos[t] - sh->window + 1 > 0 ? pos[t] - sh->window + 1 : 0;
@@ -312,6 +316,7 @@ static void attention_case(const attn_shape *sh) {
            f16 ? "F16" : "F32", (long long)sh->n_head, (long long)sh->n_head_kv, (long long)sh->hd,
            (long long)sh->window, sh->threads, worst, mismatches ? "NO" : "yes");
     CHECK(worst < (f16 ? 2e-3 : 1e-5));
+    CHECK(nonfinite == 0); /* fmax above passes NaN over */
     CHECK(mismatches == 0);
     free(q), free(k), free(v), free(out), free(one);
     lm_kv_cache_free(kv);
