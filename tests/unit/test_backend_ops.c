@@ -33,6 +33,7 @@ static lm_backend *g_cpu, *g_gpu, *g_gpu_direct; /* direct: no graphs, no fused 
 static lm_backend *g_gpu_gemm, *g_gpu_gemm_direct;
 static uint64_t g_rng = 0x5eed;
 static int64_t g_mv_max_n = 4;    /* the CUDA backend's defaults: LUMEN_CUDA_MV_MAX_N, */
+static int64_t g_mv_max_n_q = 8;  /* (quantized weights; the variable sets both)       */
 static int64_t g_tc_max_n = 32;   /* LUMEN_CUDA_TC_MAX_N,                              */
 static int64_t g_gemm_chunk = 64; /* LUMEN_CUDA_GEMM_CHUNK                             */
 
@@ -51,8 +52,11 @@ static const char *path_name(int path) {
 
 /* the backend's choice of kernel for n tokens (cuda_matmul.cu, path_of and
  * gemm_chunk_of) */
+static bool type_is_native(lm_dtype t);
 static int matmul_path(lm_dtype type, int64_t cols, int64_t n) {
-    if (n <= g_mv_max_n) return PATH_MV;
+    /* formats without a device decoder are stored as f16: f16's thresholds */
+    const bool wide = type == LM_DTYPE_F32 || type == LM_DTYPE_F16 || type == LM_DTYPE_BF16 || !type_is_native(type);
+    if (n <= (wide ? g_mv_max_n : g_mv_max_n_q)) return PATH_MV;
     if (n <= g_tc_max_n && type != LM_DTYPE_F32 && cols % 32 == 0) return PATH_TC;
     int path = PATH_GEMM;
     for (int64_t c = g_gemm_chunk; c < n && c < 512; c *= 2) path++;
@@ -420,7 +424,7 @@ static void test_matmul_many(lm_dtype type, bool packed) {
  * packed (weight_pack): on the GEMM path, swiglu read from one product's output.
  * rows: 72, or enough for the 8-bit kernel (mv_is_q8). */
 static void test_matmul_swiglu(lm_dtype type, int64_t cols, bool packed, int64_t rows) {
-    static const int64_t ns[] = {1, 3, 24, 100, 600};
+    static const int64_t ns[] = {1, 3, 8, 24, 100, 600};
     const int64_t n_max = 600;
     if (!g_gpu->ops->matmul_swiglu || !g_gpu->ops->matmul_many || (packed && !g_gpu->ops->weight_pack)) return;
     test_weight w[2];
@@ -465,11 +469,11 @@ static void test_matmul_swiglu(lm_dtype type, int64_t cols, bool packed, int64_t
 
 /* The down product over the 8-bit hand-off (cuda_matmul_q8h.cu): gate/up (Q4_K, d
  * columns) by matmul_swiglu into h, then the down product (`type`, ff columns) on h
- * right after, for 1-4 tokens. Within the 8-bit tolerance of the product of the h
+ * right after, for 1-8 tokens (the matrix-vector path's quantized batches). Within the 8-bit tolerance of the product of the h
  * downloaded; not the bits of the same product over a copy of h (the f32 kernel: so
  * the hand-off was taken; ff is large enough that every block of the gate/up kernel
  * holds whole groups of 32 values on GPUs of up to 140 SMs); a token's result the
- * same alone and among 4. */
+ * same alone and among 2-8. */
 static void test_q8_handoff(lm_dtype type, int64_t d, int64_t ff, int64_t rows) {
     if (!g_gpu->ops->matmul_swiglu) return;
     test_weight w[3];
@@ -478,7 +482,7 @@ static void test_q8_handoff(lm_dtype type, int64_t d, int64_t ff, int64_t rows) 
         make_weight(&w[k], k < 2 ? LM_DTYPE_Q4_K : type, k < 2 ? ff : rows, k < 2 ? d : ff);
         CHECK(g_gpu->ops->weight_create(g_gpu, &w[k].t, &gw[k]) == LM_OK);
     }
-    const int64_t n_max = 4;
+    const int64_t n_max = 8;
     float *x = fmalloc(n_max * d), *y1 = NULL;
     fill(x, n_max * d, 1.0f);
     for (int64_t n = 1; n <= n_max && gw[0] && gw[1] && gw[2]; n++) {
@@ -529,10 +533,11 @@ static void test_matmul(void) {
                                      LM_DTYPE_Q5_0, LM_DTYPE_Q5_1, LM_DTYPE_Q8_0, LM_DTYPE_Q2_K, LM_DTYPE_Q3_K,
                                      LM_DTYPE_Q4_K, LM_DTYPE_Q5_K, LM_DTYPE_Q6_K, LM_DTYPE_Q8_1, LM_DTYPE_Q8_K,
                                      LM_DTYPE_AFFINE};
-    /* 16-32: the tensor-core path; above, the GEMM path in chunks of 64 (40, 64),
+    /* 8: the matrix-vector path for quantized weights, tensor cores for the others;
+     * 16-32: the tensor-core path; above, the GEMM path in chunks of 64 (40, 64),
      * 128 (100, 128), 256 (130-256) and 512 (300) (with LUMEN_CUDA_TC_MAX_N=256 the
      * tensor cores take 40-256) */
-    static const int64_t ns[] = {1, 3, 16, 130, 40, 300, 32, 64, 100, 128, 200, 256};
+    static const int64_t ns[] = {1, 3, 8, 16, 130, 40, 300, 32, 64, 100, 128, 200, 256};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         test_matmul_type(types[i], 200, 512, ns, (int)(sizeof ns / sizeof ns[0]));
     test_matmul_swiglu(LM_DTYPE_BF16, 512, false, 72); /* a warp a row */
@@ -540,9 +545,9 @@ static void test_matmul(void) {
     test_matmul_swiglu(LM_DTYPE_Q8_0, 8960, false, 72); /* four: the separate ops */
     test_matmul_swiglu(LM_DTYPE_BF16, 512, true, 72);
     test_matmul_many(LM_DTYPE_BF16, true);
-    static const int64_t ns_mv[] = {1, 2, 3, 4};
-    test_matmul_type(LM_DTYPE_Q4_K, 4100, 1536, ns_mv, 4); /* the 8-bit kernel (mv_is_q8) */
-    test_matmul_type(LM_DTYPE_Q6_K, 32768, 512, ns_mv, 4); /* a head: the interleaved copy (w->wide) */
+    static const int64_t ns_mv[] = {1, 2, 3, 4, 8};
+    test_matmul_type(LM_DTYPE_Q4_K, 4100, 1536, ns_mv, 5); /* the 8-bit kernel (mv_is_q8) */
+    test_matmul_type(LM_DTYPE_Q6_K, 32768, 512, ns_mv, 5); /* a head: the interleaved copy (w->wide) */
     test_matmul_swiglu(LM_DTYPE_Q4_K, 1536, false, 4100); /* gate and up in one 8-bit launch */
     /* 16-bit rows of exactly 3, 8 and 6 chunks a lane at one token (CPL in cuda_matmul.cu) */
     test_matmul_type(LM_DTYPE_BF16, 200, 1536, ns_mv, 4);
@@ -1320,7 +1325,7 @@ int main(void) {
         return 1;
     }
     const char *mv = getenv("LUMEN_CUDA_MV_MAX_N"), *tc = getenv("LUMEN_CUDA_TC_MAX_N");
-    if (mv && mv[0] && atoll(mv) >= 0) g_mv_max_n = atoll(mv);
+    if (mv && mv[0] && atoll(mv) >= 0) g_mv_max_n = g_mv_max_n_q = atoll(mv);
     if (tc && tc[0] && atoll(tc) >= 0) g_tc_max_n = atoll(tc);
     const char *chunk = getenv("LUMEN_CUDA_GEMM_CHUNK"); /* as the backend reads it */
     if (chunk && atoll(chunk) >= 16 && atoll(chunk) <= 4096) g_gemm_chunk = atoll(chunk) / 16 * 16;
@@ -1340,8 +1345,9 @@ int main(void) {
     snprintf(g_dir, sizeof g_dir, "/tmp/lumen_backend_ops_XXXXXX");
     CHECK(mkdtemp(g_dir) != NULL);
     /* the model tests set LUMEN_CUDA_MV_MAX_N for a second backend: read ours first */
-    printf("CUDA backend vs CPU reference (exact matrix-vector path up to n=%lld, tensor cores up to %lld)\n",
-           (long long)g_mv_max_n, (long long)g_tc_max_n);
+    printf("CUDA backend vs CPU reference (exact matrix-vector path up to n=%lld, quantized %lld; tensor cores up "
+           "to %lld)\n",
+           (long long)g_mv_max_n, (long long)g_mv_max_n_q, (long long)g_tc_max_n);
     test_memory();
     test_get_rows();
     test_matmul();

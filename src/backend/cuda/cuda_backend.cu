@@ -223,7 +223,7 @@ const int32_t *lm_cuda_attn_meta(lm_cuda_backend *cu, const lm_kv_cache *kv, con
      * cache's tables do not change within a pass): built and compared once a pass,
      * not once per layer and op (at 256 sequences, 56 times 32 KB a step) */
     if (cu->pass_epoch && cu->meta_cache.epoch == cu->pass_epoch && cu->meta_cache.kv == kv &&
-        cu->meta_cache.batch == batch && cu->meta_cache.n == n)
+        cu->meta_cache.pos == batch->pos && cu->meta_cache.seq == batch->seq && cu->meta_cache.n == n)
         return cu->meta_cache.dev;
     int64_t total = attn_meta_layout(cu, kv, batch);
     if (total < 0) return NULL;
@@ -256,7 +256,8 @@ const int32_t *lm_cuda_attn_meta(lm_cuda_backend *cu, const lm_kv_cache *kv, con
     if (dev && cu->pass_epoch) {
         cu->meta_cache.epoch = cu->pass_epoch;
         cu->meta_cache.kv = kv;
-        cu->meta_cache.batch = batch;
+        cu->meta_cache.pos = batch->pos;
+        cu->meta_cache.seq = batch->seq;
         cu->meta_cache.n = n;
         cu->meta_cache.dev = dev;
     }
@@ -706,8 +707,12 @@ extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
      * 512-token prefill measured slower than direct launches (cause not established) */
     const char *rec = getenv("LUMEN_CUDA_RECORD_MAX_N");
     cu->record_max_n = rec && atoll(rec) > 0 ? atoll(rec) : 256;
-    const char *mv = getenv("LUMEN_CUDA_MV_MAX_N"); /* exact f32 products up to this many tokens */
-    cu->mv_max_n = mv && mv[0] && atoll(mv) >= 0 ? atoll(mv) : 4;
+    /* exact f32 products up to this many tokens: 4 for 16-bit and f32 weights, 8 for
+     * quantized ones (cuda_matmul.cu, path_of); LUMEN_CUDA_MV_MAX_N sets both */
+    const char *mv = getenv("LUMEN_CUDA_MV_MAX_N");
+    const bool mv_set = mv && mv[0] && atoll(mv) >= 0;
+    cu->mv_max_n = mv_set ? atoll(mv) : 4;
+    cu->mv_max_n_quant = mv_set ? atoll(mv) : 8;
     const char *stage = getenv("LUMEN_CUDA_MV_STAGE"); /* 0: quantized rows read in place */
     cu->mv_stage = !(stage && strcmp(stage, "0") == 0);
     const char *mvq = getenv("LUMEN_CUDA_MVQ"); /* 0: Q4_K/Q6_K products in f32 too */

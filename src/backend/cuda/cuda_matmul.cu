@@ -10,8 +10,11 @@
  * greedy outputs of the real SmolLM2 differ from alone at a top-two gap of 0.07; it
  * was dropped.
  *
- *  - matrix-vector (n <= mv_max_n, 4 unless LUMEN_CUDA_MV_MAX_N says otherwise):
- *    decode of a few sequences. A row per warp (or per 2-4 warps when the row is
+ *  - matrix-vector (n <= mv_max_n: 4 for f32 and 16-bit weights, 8 for quantized ones,
+ *    unless LUMEN_CUDA_MV_MAX_N says otherwise): decode of a few sequences. The tensor-core
+ *    kernel decodes a quantized weight element by element for each group of tokens, so
+ *    8 tokens here were faster (twentieth session, Q4_K_M 1.5B at 8 sequences:
+ *    2,537-2,539 vs 1,845-1,851 tokens/s, the same call). A row per warp (or per 2-4 warps when the row is
  *    long), the weight decoded on the fly eight elements per lane (deq8), f32 fused
  *    multiply-adds against up to 8 tokens at once while the decoded weights sit in
  *    registers. Exact f32 arithmetic on the exactly decoded weights, except Q4_K
@@ -73,7 +76,7 @@
  *    did gain.
  *
  *  - tensor cores (n <= tc_max_n, 32 unless LUMEN_CUDA_TC_MAX_N says otherwise; every
- *    format but F32, widths a multiple of 32): decode of 5-32 sequences.
+ *    format but F32, widths a multiple of 32): decode of 5-32 sequences (9-32 for quantized weights).
  *    cuda_matmul_tc.cu: weights decoded in registers, bf16 activations, f32 sums,
  *    bit batch-invariant for every n it serves (LUMEN_CUDA_MV_MAX_N=0 with
  *    LUMEN_CUDA_TC_MAX_N=256 makes every decode batch up to 256 take it: decode
@@ -590,7 +593,8 @@ typedef enum { PATH_MV, PATH_TC, PATH_GEMM } matmul_path;
 /* The kernel of n tokens through w: a function of the backend's settings, the weight
  * and n only (so of no other token in the batch). */
 static matmul_path path_of(const lm_cuda_backend *cu, const lm_weight *w, int64_t n) {
-    if (n <= cu->mv_max_n) return PATH_MV;
+    const bool wide = w->type == LM_DTYPE_F32 || w->type == LM_DTYPE_F16 || w->type == LM_DTYPE_BF16;
+    if (n <= (wide ? cu->mv_max_n : cu->mv_max_n_quant)) return PATH_MV;
     if (n <= cu->tc_max_n && lm_cuda_tc_supports(w)) return PATH_TC;
     return PATH_GEMM;
 }
