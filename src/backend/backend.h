@@ -9,6 +9,7 @@
 #ifndef LM_BACKEND_BACKEND_H
 #define LM_BACKEND_BACKEND_H
 
+#include <stdbool.h>
 #include <stdlib.h>
 
 #include "model/hparams.h"
@@ -166,8 +167,13 @@ typedef struct lm_backend_ops {
      * record this pass. Between the two calls ops may only read their host inputs
      * and return; pass_end runs the pass and reports the first error of any op in
      * it. No upload or download inside a pass. If pass_end fails, the pass's
-     * outputs are undefined: run it again with key 0. */
-    lm_status (*pass_begin)(lm_backend *b, uint64_t key, const struct lm_kv_cache *kv, const lm_attn_batch *batch);
+     * outputs are undefined: run it again with key 0.
+     * `tokens` are the pass's token ids. Where the recording of `key` reads no host
+     * metadata but the token ids, the positions and the sequences' KV block tables,
+     * pass_begin may run it from these alone: it sets *ran, and the caller issues
+     * no ops and no pass_end (errors as pass_end's). */
+    lm_status (*pass_begin)(lm_backend *b, uint64_t key, const struct lm_kv_cache *kv, const lm_attn_batch *batch,
+                            const int32_t *tokens, bool *ran);
     lm_status (*pass_end)(lm_backend *b);
 
     /* Optional (NULL: op by op). The whole forward pass of a batch of one token whose

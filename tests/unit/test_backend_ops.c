@@ -1119,8 +1119,10 @@ static bool graphs_equal_direct(lm_backend *graphs, lm_backend *direct, const ch
     return same;
 }
 
-/* 1 and 3 sequences: matrix-vector products; 6: tensor-core products (F32 weights:
- * GEMMs), and GEMMs on the backends without the tensor-core path. */
+/* 1 and 3 sequences: matrix-vector products; 6: tensor-core products of 16-bit
+ * weights (F32 weights: GEMMs; quantized ones: matrix-vector up to 8 tokens), and
+ * GEMMs on the backends without the tensor-core path. Every step after the third is a
+ * replay: of the batch alone where the recording allows it (pass_begin's *ran). */
 static void test_graphs_equal_direct(const char *path, lm_dtype kv_type, const char *what) {
     bool same = graphs_equal_direct(g_gpu, g_gpu_direct, path, kv_type);
     bool same_gemm = graphs_equal_direct(g_gpu_gemm, g_gpu_gemm_direct, path, kv_type);

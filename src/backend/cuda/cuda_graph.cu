@@ -24,11 +24,14 @@
  * not replay it). Recording never changes results: the same kernels run on the same
  * data.
  *
- * A replay launches at pass_end. Launching as soon as its metadata was staged (at
- * get_rows, the pass's first call), so the GPU would run while the pass's remaining
- * calls return, measured no change (seventh session, 1.5B bf16 on the H200: the wall
- * time of a step beyond its GPU time 93 -> 96 us at 1 sequence, 217 -> 228 us at 64):
- * those calls cost little; the gap is the candidates' reduction and copy. Dropped.
+ * A replay launches at pass_end, or at pass_begin when the recording reads no host
+ * metadata but what pass_begin can stage from the batch itself (the token ids, the
+ * positions, the attention metadata; checked once, when it is captured: the copies
+ * its ops staged equal those arrays): the forward pass then walks none of its ~500
+ * op calls, ~15 us of host time a step before the launch at batch 1 on the H200
+ * (LUMEN_CUDA_GRAPHS_LOG=1: pass_begin 3, the ops 15, the launch 9 us). (Launching at
+ * get_rows, the pass's first call, while the rest of the walk went on, had measured
+ * no change in the seventh session.)
  * Recording that reduction and its copy into the pass's graph (eighth session)
  * measured no change either: 2.103 vs 2.113 ms a step at 64 sequences, 1.624 ms
  * both at 1; the kernels' time moved into the graph. Dropped. */
@@ -94,9 +97,50 @@ static int runs_before(lm_cuda_backend *cu, uint64_t key) {
     return 0;
 }
 
+static void launch(lm_cuda_backend *cu, lm_cuda_graph *g, bool timed);
+
+/* A replay of g from the batch alone (g->self_staged): the token ids and positions
+ * staged as get_rows and rope would stage them (the attention metadata is already),
+ * then the launch, as pass_end's. */
+static lm_status replay_staged(lm_cuda_backend *cu, lm_cuda_graph *g) {
+    const size_t ints = (size_t)cu->pass_n * sizeof(int32_t);
+    if (g->meta_kinds & (1u << LM_CUDA_META_IDS)) (void)lm_cuda_meta_upload(cu, LM_CUDA_META_IDS, cu->pass_tokens, ints);
+    if (g->meta_kinds & (1u << LM_CUDA_META_POS)) (void)lm_cuda_meta_upload(cu, LM_CUDA_META_POS, cu->pass_pos, ints);
+    if (cu->graphs_log) cu->t_ops = cu->t_end = lm_cuda_host_clock();
+    cu->pass_mode = LM_CUDA_PASS_DIRECT;
+    cu->pass_epoch = 0;
+    if (cu->err == LM_OK) {
+        cu->n_replayed++;
+        launch(cu, g, true);
+    }
+    if (cu->profiling) {
+        cudaProfilerStop();
+        cu->profiling = false;
+    }
+    return lm_cuda_take_error(cu);
+}
+
+/* Whether the pass just captured read no metadata but what replay_staged stages:
+ * the ids get_rows staged are the batch's tokens, the positions rope staged its
+ * positions (the shadows hold what was copied). */
+static bool staged_from_batch(const lm_cuda_backend *cu) {
+    const uint32_t own = (1u << LM_CUDA_META_IDS) | (1u << LM_CUDA_META_POS) | (1u << LM_CUDA_META_ATTN);
+    const size_t ints = (size_t)cu->pass_n * sizeof(int32_t);
+    if (!cu->pass_tokens || (cu->pass_meta_sent & ~own)) return false;
+    const lm_cuda_meta *ids = &cu->meta[LM_CUDA_META_IDS], *pos = &cu->meta[LM_CUDA_META_POS];
+    if ((cu->pass_meta_sent & (1u << LM_CUDA_META_IDS)) &&
+        (ids->bytes != ints || memcmp(ids->shadow, cu->pass_tokens, ints) != 0))
+        return false;
+    if ((cu->pass_meta_sent & (1u << LM_CUDA_META_POS)) &&
+        (pos->bytes != ints || memcmp(pos->shadow, cu->pass_pos, ints) != 0))
+        return false;
+    return true;
+}
+
 extern "C" lm_status lm_cuda_pass_begin(lm_backend *b, uint64_t key, const lm_kv_cache *kv,
-                                        const lm_attn_batch *batch) {
+                                        const lm_attn_batch *batch, const int32_t *tokens, bool *ran) {
     lm_cuda_backend *cu = lm_cuda(b);
+    *ran = false;
     const double now = cu->graphs_log ? lm_cuda_host_clock() : 0.0;
     lm_cuda_enter(cu);
     lm_status st = lm_cuda_take_error(cu);
@@ -123,6 +167,7 @@ extern "C" lm_status lm_cuda_pass_begin(lm_backend *b, uint64_t key, const lm_kv
     lm_cuda_replay_time_collect(cu, now);
     cu->t_begin = now;
     cu->pass_n = batch->n_tokens;
+    cu->pass_tokens = tokens, cu->pass_pos = batch->pos;
     cu->pass_key = key;
     cu->pass_meta_sent = 0;
     for (int i = 0; i < LM_CUDA_META_COUNT; i++) cu->meta[i].valid = false;
@@ -144,6 +189,10 @@ extern "C" lm_status lm_cuda_pass_begin(lm_backend *b, uint64_t key, const lm_kv
      * trace, and that attention could not start early). A failure waits for pass_end,
      * as an op's would: a capture must be ended. */
     (void)lm_cuda_attn_meta(cu, kv, batch);
+    if (g && g->self_staged) {
+        *ran = true;
+        return replay_staged(cu, g);
+    }
     if (cu->graphs_log) cu->t_ops = lm_cuda_host_clock();
     return LM_OK;
 }
@@ -229,6 +278,8 @@ extern "C" lm_status lm_cuda_pass_end(lm_backend *b) {
             if (lm_cuda_ok(cu, cudaGraphInstantiate(&g->exec, graph, 0), "cudaGraphInstantiate")) {
                 g->key = cu->pass_key;
                 g->mem_gen = cu->mem_gen;
+                g->meta_kinds = cu->pass_meta_sent;
+                g->self_staged = staged_from_batch(cu);
                 cu->n_captured++;
                 launch(cu, g, false);
             }

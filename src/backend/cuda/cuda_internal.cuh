@@ -82,6 +82,10 @@ typedef struct lm_cuda_graph {
     uint64_t mem_gen;  /* cu->mem_gen when recorded: buffers it points at */
     uint64_t last_use;
     cudaGraphExec_t exec;
+    /* its metadata is the pass's token ids, positions and attention metadata, as
+     * pass_begin can stage them itself: a replay needs no walk through the ops */
+    bool self_staged;
+    uint32_t meta_kinds; /* bit per meta kind its copies read */
 } lm_cuda_graph;
 
 /* The arguments of the qkv_finish kernel (cuda_qkv_finish.cu), kept whole when the
@@ -196,6 +200,7 @@ typedef struct lm_cuda_backend {
     int64_t pass_meta_ints; /* attention metadata of the pass, padded (ints)   */
     int pass_splits;   /* attention grid splits of the pass, rounded up        */
     uint32_t pass_meta_sent; /* bit per meta kind: uploaded in this pass       */
+    const int32_t *pass_tokens, *pass_pos; /* the pass's host arrays (pass_begin's) */
     uint64_t mem_gen;  /* bumped whenever a scratch or metadata buffer moves, or a weight goes */
     /* between pass_begin and pass_end: the pass's number (0 outside a pass); the
      * attention metadata built in it, for the pass's later layers */
@@ -625,7 +630,8 @@ void lm_cuda_decode_profile_print(lm_cuda_backend *cu);
 void lm_cuda_attention_profile_print(lm_cuda_backend *cu);
 lm_status lm_cuda_decode_step(lm_backend *b, const lm_decode_model *m, struct lm_kv_cache *kv,
                               const lm_attn_batch *batch, const int32_t *tokens, float *x, float *logits);
-lm_status lm_cuda_pass_begin(lm_backend *b, uint64_t key, const struct lm_kv_cache *kv, const lm_attn_batch *batch);
+lm_status lm_cuda_pass_begin(lm_backend *b, uint64_t key, const struct lm_kv_cache *kv, const lm_attn_batch *batch,
+                             const int32_t *tokens, bool *ran);
 lm_status lm_cuda_pass_end(lm_backend *b);
 void lm_cuda_graphs_free(lm_cuda_backend *cu);
 lm_status lm_cuda_attention(lm_backend *b, const struct lm_kv_cache *kv, int64_t layer, const lm_attn_batch *batch,
