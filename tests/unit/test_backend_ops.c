@@ -422,7 +422,7 @@ static void test_matmul_many(lm_dtype type, bool packed) {
  * path) against matmul_many then swiglu: bit-equal on every path, for rows short
  * enough to pair in a block (1 and 2 warps a row) and long ones (the separate ops).
  * packed (weight_pack): on the GEMM path, swiglu read from one product's output.
- * rows: 72, or enough for the 8-bit kernel (mv_is_q8). */
+ * rows: 72, 4,100 (one warp a row), or enough for the 8-bit kernel (mv_is_q8). */
 static void test_matmul_swiglu(lm_dtype type, int64_t cols, bool packed, int64_t rows) {
     static const int64_t ns[] = {1, 3, 8, 24, 100, 600};
     const int64_t n_max = 600;
@@ -434,7 +434,7 @@ static void test_matmul_swiglu(lm_dtype type, int64_t cols, bool packed, int64_t
         CHECK(g_gpu->ops->weight_create(g_gpu, &w[k].t, &gw[k]) == LM_OK);
     }
     if (packed && gw[0] && gw[1]) g_gpu->ops->weight_pack(g_gpu, gw, 2);
-    float *x = fmalloc(n_max * cols);
+    float *x = fmalloc(n_max * cols), *y1 = NULL;
     fill(x, n_max * cols, 1.0f);
     for (size_t i = 0; i < sizeof ns / sizeof ns[0] && gw[0] && gw[1]; i++) {
         const int64_t n = ns[i];
@@ -457,10 +457,18 @@ static void test_matmul_swiglu(lm_dtype type, int64_t cols, bool packed, int64_t
                  (long long)rows, (long long)cols, (long long)n, path_name(matmul_path(type, cols, n)));
         printf("  %-10s %-40s %s\n", "swiglu", what, same ? "== products, then swiglu (bit-equal)" : "DIFFER");
         CHECK(same);
+        /* a token's result the same alone and among 3 where both take one path */
+        if (n == 1) {
+            free(y1);
+            y1 = fused, fused = NULL;
+        } else if (n == 3 && y1 && matmul_path(type, cols, 1) == matmul_path(type, cols, 3) && !bit_equal(fused, y1, rows)) {
+            fprintf(stderr, "swiglu %s: token 0 differs from its product alone\n", what);
+            CHECK(false);
+        }
         free(fused), free(sep), gpu_free(dx);
         for (int k = 0; k < 2; k++) gpu_free(dy[k]), gpu_free(dz[k]);
     }
-    free(x);
+    free(x), free(y1);
     for (int k = 0; k < 2; k++) {
         if (gw[k]) g_gpu->ops->weight_free(g_gpu, gw[k]);
         free_weight(&w[k]);
@@ -540,7 +548,8 @@ static void test_matmul(void) {
     static const int64_t ns[] = {1, 3, 8, 16, 130, 40, 300, 32, 64, 100, 128, 200, 256};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         test_matmul_type(types[i], 200, 512, ns, (int)(sizeof ns / sizeof ns[0]));
-    test_matmul_swiglu(LM_DTYPE_BF16, 512, false, 72); /* a warp a row */
+    test_matmul_swiglu(LM_DTYPE_BF16, 512, false, 72); /* two warps a row */
+    test_matmul_swiglu(LM_DTYPE_BF16, 1536, false, 4100); /* a 1.5B model's rows: one warp a row */
     test_matmul_swiglu(LM_DTYPE_Q4_K, 4096, false, 72); /* two warps a row */
     test_matmul_swiglu(LM_DTYPE_Q8_0, 8960, false, 72); /* four: the separate ops */
     test_matmul_swiglu(LM_DTYPE_BF16, 512, true, 72);

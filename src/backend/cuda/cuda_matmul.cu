@@ -73,7 +73,15 @@
  *    before its PDL wait, under the two-block decode attention (mv-o-early, same
  *    build with LUMEN_CUDA_MV_EARLY unset for the other) 754.0-765.5 vs 746.4-758.0
  *    bf16; all dropped. A Q4_K_M file's staged rows, requested before the wait (below),
- *    did gain.
+ *    did gain. Twentieth session: one token's 16-bit rows streamed by bulk copies
+ *    through a ring of shared-memory slots, one block an SM (a producer lane keeping
+ *    every free slot's copy in flight, the first slots requested before the PDL wait;
+ *    eight consumer warps summing in this kernel's order, bit-equal to it), bf16 batch
+ *    1 718-721 vs 812-816 tokens/s in one call (rings of 96 / 144 / 200 KB 735-740 /
+ *    718-721 / 700-708; no slot before the wait 684-691); in the step's timeline
+ *    gate/up 17.7 vs 14.6 us, down 8.8 vs 8.8, Q/K/V and O 4.2 vs 3.1 (a block's one
+ *    slot waited for whole), the head 110 vs 107.5. Short-lived blocks with their
+ *    words in registers keep more bytes in flight than a ring an SM; dropped.
  *
  *  - tensor cores (n <= tc_max_n, 32 unless LUMEN_CUDA_TC_MAX_N says otherwise; every
  *    format but F32, widths a multiple of 32): decode of 5-32 sequences (9-32 for quantized weights).
