@@ -549,7 +549,6 @@ static void test_matmul(void) {
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         test_matmul_type(types[i], 200, 512, ns, (int)(sizeof ns / sizeof ns[0]));
     test_matmul_swiglu(LM_DTYPE_BF16, 512, false, 72); /* two warps a row */
-    test_matmul_swiglu(LM_DTYPE_BF16, 1536, false, 4100); /* a 1.5B model's rows: one warp a row */
     test_matmul_swiglu(LM_DTYPE_Q4_K, 4096, false, 72); /* two warps a row */
     test_matmul_swiglu(LM_DTYPE_Q8_0, 8960, false, 72); /* four: the separate ops */
     test_matmul_swiglu(LM_DTYPE_BF16, 512, true, 72);
@@ -569,7 +568,7 @@ static void test_matmul(void) {
     test_matmul_type(LM_DTYPE_Q4_K, 100, 8960, ns_mv, 1);
     test_matmul_type(LM_DTYPE_F16, 4100, 2048, ns_mv, 2);
     test_matmul_type(LM_DTYPE_BF16, 9000, 1536, ns_mv, 2);
-    test_matmul_swiglu(LM_DTYPE_BF16, 1536, false, 4100);
+    test_matmul_swiglu(LM_DTYPE_BF16, 1536, false, 4100); /* a 1.5B model's gate/up: one warp a row */
     test_matmul_many_mixed(64); /* one launch */
     test_matmul_many_mixed(40); /* Q6_K's rows would share a warp with Q4_K's: two */
     test_q8_handoff(LM_DTYPE_Q4_K, 1536, 8960, 256); /* a 1.5B model's FFN: two gate/up rows a lane */
