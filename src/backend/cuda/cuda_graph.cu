@@ -189,7 +189,7 @@ extern "C" lm_status lm_cuda_pass_begin(lm_backend *b, uint64_t key, const lm_kv
      * trace, and that attention could not start early). A failure waits for pass_end,
      * as an op's would: a capture must be ended. */
     (void)lm_cuda_attn_meta(cu, kv, batch);
-    if (g && g->self_staged) {
+    if (g && g->self_staged && tokens) {
         *ran = true;
         return replay_staged(cu, g);
     }
