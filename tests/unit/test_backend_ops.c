@@ -35,6 +35,7 @@ static uint64_t g_rng = 0x5eed;
 static int64_t g_mv_max_n = 4;    /* the CUDA backend's defaults: LUMEN_CUDA_MV_MAX_N, */
 static int64_t g_mv_max_n_q = 8;  /* (quantized weights; the variable sets both)       */
 static int64_t g_tc_max_n = 32;   /* LUMEN_CUDA_TC_MAX_N,                              */
+static int64_t g_tc_max_n_q = 0;  /* (quantized weights: none; the variable sets both)  */
 static int64_t g_gemm_chunk = 64; /* LUMEN_CUDA_GEMM_CHUNK                             */
 
 /* The GEMM path's chunk sizes are separate paths (another GEMM shape, so another
@@ -57,7 +58,7 @@ static int matmul_path(lm_dtype type, int64_t cols, int64_t n) {
     /* formats without a device decoder are stored as f16: f16's thresholds */
     const bool wide = type == LM_DTYPE_F32 || type == LM_DTYPE_F16 || type == LM_DTYPE_BF16 || !type_is_native(type);
     if (n <= (wide ? g_mv_max_n : g_mv_max_n_q)) return PATH_MV;
-    if (n <= g_tc_max_n && type != LM_DTYPE_F32 && cols % 32 == 0) return PATH_TC;
+    if (n <= (wide ? g_tc_max_n : g_tc_max_n_q) && type != LM_DTYPE_F32 && cols % 32 == 0) return PATH_TC;
     int path = PATH_GEMM;
     for (int64_t c = g_gemm_chunk; c < n && c < 512; c *= 2) path++;
     return path;
@@ -542,7 +543,7 @@ static void test_matmul(void) {
                                      LM_DTYPE_Q4_K, LM_DTYPE_Q5_K, LM_DTYPE_Q6_K, LM_DTYPE_Q8_1, LM_DTYPE_Q8_K,
                                      LM_DTYPE_AFFINE};
     /* 8: the matrix-vector path for quantized weights, tensor cores for the others;
-     * 16-32: the tensor-core path; above, the GEMM path in chunks of 64 (40, 64),
+     * 16-32: the tensor-core path (quantized weights: GEMMs of 64); above, the GEMM path in chunks of 64 (40, 64),
      * 128 (100, 128), 256 (130-256) and 512 (300) (with LUMEN_CUDA_TC_MAX_N=256 the
      * tensor cores take 40-256) */
     static const int64_t ns[] = {1, 3, 8, 16, 130, 40, 300, 32, 64, 100, 128, 200, 256};
@@ -1336,7 +1337,7 @@ int main(void) {
     }
     const char *mv = getenv("LUMEN_CUDA_MV_MAX_N"), *tc = getenv("LUMEN_CUDA_TC_MAX_N");
     if (mv && mv[0] && atoll(mv) >= 0) g_mv_max_n = g_mv_max_n_q = atoll(mv);
-    if (tc && tc[0] && atoll(tc) >= 0) g_tc_max_n = atoll(tc);
+    if (tc && tc[0] && atoll(tc) >= 0) g_tc_max_n = g_tc_max_n_q = atoll(tc);
     const char *chunk = getenv("LUMEN_CUDA_GEMM_CHUNK"); /* as the backend reads it */
     if (chunk && atoll(chunk) >= 16 && atoll(chunk) <= 4096) g_gemm_chunk = atoll(chunk) / 16 * 16;
     char tc_env[32];

@@ -721,8 +721,13 @@ extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
     cu->mvq_wide = !(mvq_wide && strcmp(mvq_wide, "0") == 0);
     const char *handoff = getenv("LUMEN_CUDA_Q8_HANDOFF"); /* 0: down products over f32 activations */
     cu->q8_handoff = !(handoff && strcmp(handoff, "0") == 0);
-    const char *tc = getenv("LUMEN_CUDA_TC_MAX_N"); /* tensor-core products up to this many */
-    cu->tc_max_n = tc && tc[0] && atoll(tc) >= 0 ? atoll(tc) : 32;
+    /* tensor-core products up to this many tokens: 32 for 16-bit weights; none for
+     * quantized ones, which go from the matrix-vector kernel to the GEMMs (cuda_matmul.cu,
+     * path_of); LUMEN_CUDA_TC_MAX_N sets both */
+    const char *tc = getenv("LUMEN_CUDA_TC_MAX_N");
+    const bool tc_set = tc && tc[0] && atoll(tc) >= 0;
+    cu->tc_max_n = tc_set ? atoll(tc) : 32;
+    cu->tc_max_n_quant = tc_set ? atoll(tc) : 0;
     const char *prof = getenv("LUMEN_CUDA_PROFILE_N"); /* see lm_cuda_pass_begin */
     cu->profile_n = prof && atoll(prof) > 0 ? atoll(prof) : 0;
     const char *chunk = getenv("LUMEN_CUDA_GEMM_CHUNK"); /* the smallest GEMM width (cuda_matmul.cu) */

@@ -84,7 +84,11 @@
  *    words in registers keep more bytes in flight than a ring an SM; dropped.
  *
  *  - tensor cores (n <= tc_max_n, 32 unless LUMEN_CUDA_TC_MAX_N says otherwise; every
- *    format but F32, widths a multiple of 32): decode of 5-32 sequences (9-32 for quantized weights).
+ *    format but F32, widths a multiple of 32): decode of 5-32 sequences of 16-bit
+ *    weights. Not quantized ones unless LUMEN_CUDA_TC_MAX_N says so: decoding every
+ *    element per group of tokens, the kernel lost to the GEMM path's decode to bf16
+ *    tiles from 9 tokens on (twentieth session, H200, Q4_K_M 1.5B-shaped, tokens/s:
+ *    12 sequences 2,672 vs 3,415, 16 3,426 vs 4,514, 32 5,196-5,208 vs 8,917).
  *    cuda_matmul_tc.cu: weights decoded in registers, bf16 activations, f32 sums,
  *    bit batch-invariant for every n it serves (LUMEN_CUDA_MV_MAX_N=0 with
  *    LUMEN_CUDA_TC_MAX_N=256 makes every decode batch up to 256 take it: decode
@@ -603,7 +607,7 @@ typedef enum { PATH_MV, PATH_TC, PATH_GEMM } matmul_path;
 static matmul_path path_of(const lm_cuda_backend *cu, const lm_weight *w, int64_t n) {
     const bool wide = w->type == LM_DTYPE_F32 || w->type == LM_DTYPE_F16 || w->type == LM_DTYPE_BF16;
     if (n <= (wide ? cu->mv_max_n : cu->mv_max_n_quant)) return PATH_MV;
-    if (n <= cu->tc_max_n && lm_cuda_tc_supports(w)) return PATH_TC;
+    if (n <= (wide ? cu->tc_max_n : cu->tc_max_n_quant) && lm_cuda_tc_supports(w)) return PATH_TC;
     return PATH_GEMM;
 }
 
