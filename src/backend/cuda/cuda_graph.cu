@@ -97,7 +97,8 @@ static int runs_before(lm_cuda_backend *cu, uint64_t key) {
     return 0;
 }
 
-static void launch(lm_cuda_backend *cu, lm_cuda_graph *g, bool timed);
+static void replay(lm_cuda_backend *cu, lm_cuda_graph *g);
+static lm_status pass_done(lm_cuda_backend *cu);
 
 /* A replay of g from the batch alone (g->self_staged): the token ids and positions
  * staged as get_rows and rope would stage them (the attention metadata is already),
@@ -109,15 +110,8 @@ static lm_status replay_staged(lm_cuda_backend *cu, lm_cuda_graph *g) {
     if (cu->graphs_log) cu->t_ops = cu->t_end = lm_cuda_host_clock();
     cu->pass_mode = LM_CUDA_PASS_DIRECT;
     cu->pass_epoch = 0;
-    if (cu->err == LM_OK) {
-        cu->n_replayed++;
-        launch(cu, g, true);
-    }
-    if (cu->profiling) {
-        cudaProfilerStop();
-        cu->profiling = false;
-    }
-    return lm_cuda_take_error(cu);
+    if (cu->err == LM_OK) replay(cu, g);
+    return pass_done(cu);
 }
 
 /* Whether the pass just captured read no metadata but what replay_staged stages:
@@ -263,6 +257,21 @@ static void launch(lm_cuda_backend *cu, lm_cuda_graph *g, bool timed) {
     for (int i = 0; i < LM_CUDA_META_COUNT; i++) lm_cuda_ok(cu, cudaEventRecord(cu->meta[i].copied, cu->stream), "cudaEventRecord");
 }
 
+static void replay(lm_cuda_backend *cu, lm_cuda_graph *g) {
+    cu->n_replayed++;
+    launch(cu, g, true);
+}
+
+/* A pass's end, whoever launched it: the profiler stopped where this pass started
+ * it, and the first error of the pass. */
+static lm_status pass_done(lm_cuda_backend *cu) {
+    if (cu->profiling) {
+        cudaProfilerStop();
+        cu->profiling = false;
+    }
+    return lm_cuda_take_error(cu);
+}
+
 extern "C" lm_status lm_cuda_pass_end(lm_backend *b) {
     lm_cuda_backend *cu = lm_cuda(b);
     if (cu->graphs_log) cu->t_end = lm_cuda_host_clock();
@@ -296,14 +305,8 @@ extern "C" lm_status lm_cuda_pass_end(lm_backend *b) {
         lm_cuda_graph *g = graph_find(cu, cu->pass_key);
         if (!g)
             lm_cuda_fail(cu, LM_ERR_INTERNAL, "pass_end: the recording of this pass was dropped during it");
-        else {
-            cu->n_replayed++;
-            launch(cu, g, true);
-        }
+        else
+            replay(cu, g);
     }
-    if (cu->profiling) {
-        cudaProfilerStop();
-        cu->profiling = false;
-    }
-    return lm_cuda_take_error(cu);
+    return pass_done(cu);
 }
