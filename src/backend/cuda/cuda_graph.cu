@@ -105,8 +105,10 @@ static lm_status pass_done(lm_cuda_backend *cu);
  * then the launch, as pass_end's. */
 static lm_status replay_staged(lm_cuda_backend *cu, lm_cuda_graph *g) {
     const size_t ints = (size_t)cu->pass_n * sizeof(int32_t);
-    if (g->meta_kinds & (1u << LM_CUDA_META_IDS)) (void)lm_cuda_meta_upload(cu, LM_CUDA_META_IDS, cu->pass_tokens, ints);
-    if (g->meta_kinds & (1u << LM_CUDA_META_POS)) (void)lm_cuda_meta_upload(cu, LM_CUDA_META_POS, cu->pass_pos, ints);
+    if (g->meta_kinds & (1u << LM_CUDA_META_IDS))
+        (void)lm_cuda_meta_upload(cu, LM_CUDA_META_IDS, cu->pass_tokens, ints);
+    if (g->meta_kinds & (1u << LM_CUDA_META_POS))
+        (void)lm_cuda_meta_upload(cu, LM_CUDA_META_POS, cu->pass_pos, ints);
     if (cu->graphs_log) cu->t_ops = cu->t_end = lm_cuda_host_clock();
     cu->pass_mode = LM_CUDA_PASS_DIRECT;
     cu->pass_epoch = 0;

@@ -10,12 +10,13 @@
  * greedy outputs of the real SmolLM2 differ from alone at a top-two gap of 0.07; it
  * was dropped.
  *
- *  - matrix-vector (n <= mv_max_n: 4 for f32 and 16-bit weights, 8 for quantized ones,
- *    unless LUMEN_CUDA_MV_MAX_N says otherwise): decode of a few sequences. The tensor-core
- *    kernel decodes a quantized weight element by element for each group of tokens, so
- *    8 tokens here were faster (twentieth session, Q4_K_M 1.5B at 8 sequences:
- *    2,537-2,539 vs 1,845-1,851 tokens/s, the same call). A row per warp (or per 2-4 warps when the row is
- *    long), the weight decoded on the fly eight elements per lane (deq8), f32 fused
+ *  - matrix-vector (n <= mv_max_n: 4 for f32 and 16-bit weights, 8 for quantized
+ *    ones, unless LUMEN_CUDA_MV_MAX_N says otherwise): decode of a few sequences. The
+ *    tensor-core kernel decodes a quantized weight element by element for each group
+ *    of tokens, so 8 tokens here were faster (twentieth session, Q4_K_M 1.5B at 8
+ *    sequences: 2,537-2,539 vs 1,845-1,851 tokens/s, the same call; beyond 8 they
+ *    take the GEMMs, below). A row per warp (or per 2-4 warps when the row is long),
+ *    the weight decoded on the fly eight elements per lane (deq8), f32 fused
  *    multiply-adds against up to 8 tokens at once while the decoded weights sit in
  *    registers. Exact f32 arithmetic on the exactly decoded weights, except Q4_K
  *    and Q6_K weights over at most 4,096 columns: those take cuda_matmul_q8.cu, the
