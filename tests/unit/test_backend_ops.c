@@ -51,12 +51,14 @@ static const char *path_name(int path) {
     return names[path];
 }
 
+static bool type_is_native(lm_dtype t);
+
 /* the backend's choice of kernel for n tokens (cuda_matmul.cu, path_of and
  * gemm_chunk_of) */
-static bool type_is_native(lm_dtype t);
 static int matmul_path(lm_dtype type, int64_t cols, int64_t n) {
     /* formats without a device decoder are stored as f16: f16's thresholds */
-    const bool wide = type == LM_DTYPE_F32 || type == LM_DTYPE_F16 || type == LM_DTYPE_BF16 || !type_is_native(type);
+    const bool wide =
+        type == LM_DTYPE_F32 || type == LM_DTYPE_F16 || type == LM_DTYPE_BF16 || !type_is_native(type);
     if (n <= (wide ? g_mv_max_n : g_mv_max_n_q)) return PATH_MV;
     if (n <= (wide ? g_tc_max_n : g_tc_max_n_q) && type != LM_DTYPE_F32 && cols % 32 == 0) return PATH_TC;
     int path = PATH_GEMM;
@@ -462,7 +464,8 @@ static void test_matmul_swiglu(lm_dtype type, int64_t cols, bool packed, int64_t
         if (n == 1) {
             free(y1);
             y1 = fused, fused = NULL;
-        } else if (n == 3 && y1 && matmul_path(type, cols, 1) == matmul_path(type, cols, 3) && !bit_equal(fused, y1, rows)) {
+        } else if (n == 3 && y1 && matmul_path(type, cols, 1) == matmul_path(type, cols, 3) &&
+                   !bit_equal(fused, y1, rows)) {
             fprintf(stderr, "swiglu %s: token 0 differs from its product alone\n", what);
             CHECK(false);
         }
@@ -478,11 +481,11 @@ static void test_matmul_swiglu(lm_dtype type, int64_t cols, bool packed, int64_t
 
 /* The down product over the 8-bit hand-off (cuda_matmul_q8h.cu): gate/up (Q4_K, d
  * columns) by matmul_swiglu into h, then the down product (`type`, ff columns) on h
- * right after, for 1-8 tokens (the matrix-vector path's quantized batches). Within the 8-bit tolerance of the product of the h
- * downloaded; not the bits of the same product over a copy of h (the f32 kernel: so
- * the hand-off was taken; ff is large enough that every block of the gate/up kernel
- * holds whole groups of 32 values on GPUs of up to 140 SMs); a token's result the
- * same alone and among 2-8. */
+ * right after, for 1-8 tokens (the matrix-vector path's quantized batches). Within
+ * the 8-bit tolerance of the product of the h downloaded; not the bits of the same
+ * product over a copy of h (the f32 kernel: so the hand-off was taken; ff is large
+ * enough that every block of the gate/up kernel holds whole groups of 32 values on
+ * GPUs of up to 140 SMs); a token's result the same alone and among 2-8. */
 static void test_q8_handoff(lm_dtype type, int64_t d, int64_t ff, int64_t rows) {
     if (!g_gpu->ops->matmul_swiglu) return;
     test_weight w[3];
@@ -543,9 +546,9 @@ static void test_matmul(void) {
                                      LM_DTYPE_Q4_K, LM_DTYPE_Q5_K, LM_DTYPE_Q6_K, LM_DTYPE_Q8_1, LM_DTYPE_Q8_K,
                                      LM_DTYPE_AFFINE};
     /* 8: the matrix-vector path for quantized weights, tensor cores for the others;
-     * 16-32: the tensor-core path (quantized weights: GEMMs of 64); above, the GEMM path in chunks of 64 (40, 64),
-     * 128 (100, 128), 256 (130-256) and 512 (300) (with LUMEN_CUDA_TC_MAX_N=256 the
-     * tensor cores take 40-256) */
+     * 16-32: the tensor-core path (quantized weights: GEMMs of 64); above, the GEMM
+     * path in chunks of 64 (40, 64), 128 (100, 128), 256 (130-256) and 512 (300)
+     * (with LUMEN_CUDA_TC_MAX_N=256 the tensor cores take 40-256) */
     static const int64_t ns[] = {1, 3, 8, 16, 130, 40, 300, 32, 64, 100, 128, 200, 256};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         test_matmul_type(types[i], 200, 512, ns, (int)(sizeof ns / sizeof ns[0]));
