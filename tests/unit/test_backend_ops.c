@@ -1093,7 +1093,7 @@ static void run_steps(lm_model_internal *m, lm_dtype kv_type, float *out) {
     lm_kv_cache_free(kv);
 }
 
-enum { MAX_PAR_SEQ = 8 };
+enum { MAX_PAR_SEQ = 12 };
 
 /* n_seq sequences decoded together, one token each per step (the steps after the
  * first two replay a recorded CUDA graph); out [E2E_TOK][n_seq][n_vocab] */
@@ -1118,7 +1118,7 @@ static bool graphs_equal_direct(lm_backend *graphs, lm_backend *direct, const ch
     bool same = mg && md;
     int64_t V = same ? mg->hp.n_vocab : 1;
     float *a = fmalloc(E2E_TOK * MAX_PAR_SEQ * V), *b = fmalloc(E2E_TOK * MAX_PAR_SEQ * V);
-    static const int k_n_seq[] = {1, 3, 6};
+    static const int k_n_seq[] = {1, 3, 6, 12};
     for (size_t c = 0; same && c < sizeof k_n_seq / sizeof k_n_seq[0]; c++) {
         const int n_seq = k_n_seq[c];
         run_parallel_steps(mg, kv_type, n_seq, a);
@@ -1131,10 +1131,12 @@ static bool graphs_equal_direct(lm_backend *graphs, lm_backend *direct, const ch
     return same;
 }
 
-/* 1 and 3 sequences: matrix-vector products; 6: tensor-core products of 16-bit
- * weights (F32 weights: GEMMs; quantized ones: matrix-vector up to 8 tokens), and
- * GEMMs on the backends without the tensor-core path. Every step after the third is a
- * replay: of the batch alone where the recording allows it (pass_begin's *ran). */
+/* 1 and 3 sequences: matrix-vector products; 6 and 12: tensor-core products of
+ * 16-bit weights (F32 weights: GEMMs), quantized ones on the matrix-vector path at 6
+ * and GEMMs at 12; GEMMs from 6 on the backends without the tensor-core path, whose
+ * GEMMs of quantized weights read the weights' bf16 copies with graphs and decode
+ * tiles without. Every step after the third is a replay: of the batch alone where
+ * the recording allows it (pass_begin's *ran). */
 static void test_graphs_equal_direct(const char *path, lm_dtype kv_type, const char *what) {
     bool same = graphs_equal_direct(g_gpu, g_gpu_direct, path, kv_type);
     bool same_gemm = graphs_equal_direct(g_gpu_gemm, g_gpu_gemm_direct, path, kv_type);
@@ -1346,7 +1348,15 @@ int main(void) {
     char tc_env[32];
     snprintf(tc_env, sizeof tc_env, "%s", tc ? tc : "");
     setenv("LUMEN_CUDA_TC_MAX_N", "0", 1);
+    /* its GEMMs read the weights' bf16 copies, its direct twin's decode tiles: the
+     * same bits (test_graphs_equal_direct) */
+    const char *copy = getenv("LUMEN_CUDA_BF16_COPY");
+    char copy_env[32];
+    snprintf(copy_env, sizeof copy_env, "%s", copy ? copy : "");
+    setenv("LUMEN_CUDA_BF16_COPY", "1024", 1);
     CHECK(create_gpu(&g_gpu_gemm) == LM_OK);
+    if (copy_env[0]) setenv("LUMEN_CUDA_BF16_COPY", copy_env, 1);
+    else unsetenv("LUMEN_CUDA_BF16_COPY");
     setenv("LUMEN_CUDA_GRAPHS", "0", 1);
     setenv("LUMEN_CUDA_FUSED", "0", 1);
     CHECK(create_gpu(&g_gpu_gemm_direct) == LM_OK);

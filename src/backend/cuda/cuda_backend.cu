@@ -369,6 +369,8 @@ static void *weight_alloc(lm_cuda_backend *cu, size_t bytes) {
     return p;
 }
 
+void *lm_cuda_weight_alloc(lm_cuda_backend *cu, size_t bytes) { return weight_alloc(cu, bytes); }
+
 static lm_status no_memory(lm_cuda_backend *cu, const char *name, size_t bytes) {
     size_t free_b = 0, total_b = 0;
     cudaMemGetInfo(&free_b, &total_b);
@@ -520,6 +522,10 @@ static void cuda_weight_free(lm_backend *b, lm_weight *w) {
     cudaStreamSynchronize(cu->stream);
     cudaFree(w->alloc);
     cudaFree(w->wide);
+    if (w->bf16_alloc) {
+        cudaFree(w->bf16_alloc);
+        cu->bf16_used -= w->bf16_bytes;
+    }
     free(w);
     /* recorded passes read weights by address: another model's passes may come to
      * have the same key on buffers at the same addresses (cuda_graph.cu) */
@@ -561,6 +567,7 @@ static void cuda_weight_pack(lm_backend *b, lm_weight *const *w, int n_w) {
         w[i]->data = p + off;
         w[i]->alloc = i == 0 ? p : NULL;
         w[i]->pack_next = i + 1 < n_w ? w[i + 1] : NULL;
+        w[i]->pack_first = w[0];
         off += (size_t)w[i]->rows * w[i]->row_bytes;
     }
 }
@@ -713,6 +720,11 @@ extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
     const bool mv_set = mv && mv[0] && atoll(mv) >= 0;
     cu->mv_max_n = mv_set ? atoll(mv) : 4;
     cu->mv_max_n_quant = mv_set ? atoll(mv) : 8;
+    /* LUMEN_CUDA_BF16_COPY=MiB: quantized and f16 weights decoded to bf16 once, up to
+     * that much, for the GEMM path instead of a tile at a time in every product
+     * (cuda_matmul.cu, bf16_copy); unset or 0: none */
+    const char *bc = getenv("LUMEN_CUDA_BF16_COPY");
+    cu->bf16_budget = bc && atoll(bc) > 0 ? (size_t)atoll(bc) << 20 : 0;
     const char *stage = getenv("LUMEN_CUDA_MV_STAGE"); /* 0: quantized rows read in place */
     cu->mv_stage = !(stage && strcmp(stage, "0") == 0);
     const char *mvq = getenv("LUMEN_CUDA_MVQ"); /* 0: Q4_K/Q6_K products in f32 too */

@@ -120,6 +120,7 @@ typedef struct lm_cuda_backend {
     char name[256];
     size_t total_mem;
     uint64_t peak_used; /* most device memory in use seen after an allocation */
+    size_t bf16_budget, bf16_used; /* weights' bf16 copies (lm_weight.bf16): allowed, made */
     cudaStream_t stream;
     cublasHandle_t cublas;
     cublasLtHandle_t cublaslt; /* NULL: the products go through cublasGemmEx only */
@@ -257,9 +258,22 @@ struct lm_weight {
     void *wide;                  /* a Q6_K head's rows again, interleaved for the
                                   * 8-bit kernel's coalesced loads (cuda_matmul_q8.cu,
                                   * lm_cuda_mvq_wide_fill), or NULL             */
+    const lm_weight *pack_first; /* weight_pack: the first weight of this one's pack
+                                  * (itself for the first), or NULL            */
+    /* A quantized or f16 weight's rows decoded to bf16 once, for the GEMM path
+     * (cuda_matmul.cu, bf16_copy), where LUMEN_CUDA_BF16_COPY allows: a packed
+     * weight's points into its pack's copy, which the pack's first weight holds. */
+    mutable const __nv_bfloat16 *bf16;
+    mutable void *bf16_alloc;
+    mutable size_t bf16_bytes;
+    mutable bool bf16_tried;     /* a copy was wanted once: not again          */
 };
 
 static inline lm_cuda_backend *lm_cuda(lm_backend *b) { return (lm_cuda_backend *)b; }
+
+/* Device memory for weight data (and copies of it), counted in the peak; NULL when
+ * there is none (no error recorded). */
+void *lm_cuda_weight_alloc(lm_cuda_backend *cu, size_t bytes);
 
 /* Records the first error (kept until reported); later ones are dropped. */
 void lm_cuda_fail(lm_cuda_backend *cu, lm_status st, const char *fmt, ...) LM_PRINTF(3, 4);

@@ -501,6 +501,51 @@ static int64_t gemm_row_tile(const lm_weight *w, int64_t chunk) {
     return rt > rows ? rows : rt;
 }
 
+/* Room kept free on the device beside the weights' bf16 copies: the scratch and
+ * activations of later passes grow into it. */
+enum : size_t { BF16_COPY_MARGIN = (size_t)2 << 30 };
+
+/* The GEMM path's bf16 copy of w's rows (a packed weight's: its pack's copy from its
+ * row on), made the first time it is wanted outside a recording (cudaMalloc may not
+ * run in one) while the budget (LUMEN_CUDA_BF16_COPY) and the free memory, less
+ * BF16_COPY_MARGIN, hold it; NULL when there is none: the product decodes a tile at a
+ * time, as it always did. Wanted once per weight (a pack: once for all of it). The
+ * copy holds what the tiles would: the same bf16 values, so the same GEMMs give the
+ * same bits. */
+static const __nv_bfloat16 *bf16_copy(lm_cuda_backend *cu, const lm_weight *w) {
+    if (w->bf16 || !cu->bf16_budget) return w->bf16;
+    const lm_weight *first = w->pack_first ? w->pack_first : w;
+    if (first->bf16_tried || cu->pass_mode == LM_CUDA_PASS_CAPTURE) return NULL;
+    first->bf16_tried = true;
+    int64_t rows = 0;
+    for (const lm_weight *m = first; m; m = w->pack_first ? m->pack_next : NULL) rows += m->rows;
+    const size_t bytes = (size_t)rows * (size_t)w->cols * 2;
+    size_t free_b = 0, total_b = 0;
+    if (cu->bf16_used + bytes > cu->bf16_budget || cudaMemGetInfo(&free_b, &total_b) != cudaSuccess ||
+        free_b < bytes + BF16_COPY_MARGIN) {
+        cudaGetLastError();
+        return NULL;
+    }
+    __nv_bfloat16 *p = (__nv_bfloat16 *)lm_cuda_weight_alloc(cu, bytes);
+    if (!p) return NULL;
+    lm_weight span = *first;
+    span.rows = rows;
+    dispatch_dequant_bf16(cu, &span, 0, rows, p);
+    if (cu->err) {
+        cudaFree(p);
+        return NULL;
+    }
+    first->bf16_alloc = p;
+    first->bf16_bytes = bytes;
+    cu->bf16_used += bytes;
+    int64_t r0 = 0;
+    for (const lm_weight *m = first; m; m = w->pack_first ? m->pack_next : NULL) {
+        m->bf16 = p + r0 * w->cols;
+        r0 += m->rows;
+    }
+    return w->bf16;
+}
+
 /* C [chunk][nr] (column-major nr x chunk) = A [nr][cols] times the chunk of prepared
  * activations xs starting at token c0: the one cuBLAS call of the GEMM path. */
 static bool gemm_call(lm_cuda_backend *cu, bool f32, const void *A, int64_t nr, int64_t cols, const void *xs,
@@ -532,8 +577,9 @@ static void gemm_run(lm_cuda_backend *cu, const lm_weight *w, const void *xs, in
 
     float *ys = NULL;
     if (!whole_rows || n % chunk != 0) ys = (float *)lm_cuda_scratch(cu, LM_CUDA_SCR_Y, (size_t)(chunk * rt) * 4);
+    const __nv_bfloat16 *copy = f32 || bf16 ? NULL : bf16_copy(cu, w);
     __nv_bfloat16 *wt = NULL;
-    if (!f32 && !bf16) wt = (__nv_bfloat16 *)lm_cuda_scratch(cu, LM_CUDA_SCR_WTILE, (size_t)(rt * cols) * 2);
+    if (!f32 && !bf16 && !copy) wt = (__nv_bfloat16 *)lm_cuda_scratch(cu, LM_CUDA_SCR_WTILE, (size_t)(rt * cols) * 2);
     if (cu->err) return;
     for (int64_t r0 = 0; r0 < rows; r0 += rt) {
         int64_t nr = rows - r0 < rt ? rows - r0 : rt;
@@ -542,6 +588,8 @@ static void gemm_run(lm_cuda_backend *cu, const lm_weight *w, const void *xs, in
             A = (const float *)w->data + r0 * cols;
         else if (bf16)
             A = (const __nv_bfloat16 *)w->data + r0 * cols;
+        else if (copy)
+            A = copy + r0 * cols; /* the tile's rows, decoded once */
         else {
             dispatch_dequant_bf16(cu, w, r0, nr, wt);
             if (cu->err) return;
@@ -686,7 +734,12 @@ static void packed_run(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, 
     const void *xs = gemm_prepare_x(cu, f32, x, n, cols);
     if (!xs) return;
     const void *A = w[0]->data;
-    if (!in_place) {
+    /* the pack's copy when these are its weights from its first (they are whole) */
+    const __nv_bfloat16 *copy =
+        !in_place && w[0]->pack_first == w[0] && !w[n_w - 1]->pack_next ? bf16_copy(cu, w[0]) : NULL;
+    if (copy) {
+        A = copy;
+    } else if (!in_place) {
         __nv_bfloat16 *wt = (__nv_bfloat16 *)lm_cuda_scratch(cu, LM_CUDA_SCR_WTILE, (size_t)(rows_all * cols) * 2);
         if (!wt) return;
         lm_weight span = *w[0];
