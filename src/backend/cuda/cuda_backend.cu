@@ -522,8 +522,8 @@ static void cuda_weight_free(lm_backend *b, lm_weight *w) {
     cudaStreamSynchronize(cu->stream);
     cudaFree(w->alloc);
     cudaFree(w->wide);
-    if (w->bf16_alloc) {
-        cudaFree(w->bf16_alloc);
+    if (w->bf16_bytes) {
+        cudaFree((void *)w->bf16);
         cu->bf16_used -= w->bf16_bytes;
     }
     free(w);

@@ -264,8 +264,7 @@ struct lm_weight {
      * (cuda_matmul.cu, bf16_copy), where LUMEN_CUDA_BF16_COPY allows: a packed
      * weight's points into its pack's copy, which the pack's first weight holds. */
     mutable const __nv_bfloat16 *bf16;
-    mutable void *bf16_alloc;
-    mutable size_t bf16_bytes;
+    mutable size_t bf16_bytes;   /* the copy's bytes where this weight holds it, else 0 */
     mutable bool bf16_tried;     /* a copy was wanted once: not again          */
 };
 

@@ -535,7 +535,6 @@ static const __nv_bfloat16 *bf16_copy(lm_cuda_backend *cu, const lm_weight *w) {
         cudaFree(p);
         return NULL;
     }
-    first->bf16_alloc = p;
     first->bf16_bytes = bytes;
     cu->bf16_used += bytes;
     int64_t r0 = 0;
