@@ -151,6 +151,9 @@ lm_status lm_model_load(const char *spec, lm_model_params params, lm_model **out
     if (!st)
         st = cuda ? lm_backend_cuda_create(0, &model->backend)
                   : lm_backend_cpu_create(model->params.n_threads, &model->backend);
+    /* the limit counts weights and KV caches; copies beside the weights would pass it */
+    if (!st && params.memory_limit && model->backend->ops->set_copy_limit)
+        model->backend->ops->set_copy_limit(model->backend, 0);
     if (!st) st = lm_model_internal_load(path, model->backend, &model->m);
     if (!st) st = load_tokenizer(model);
     if (st) {

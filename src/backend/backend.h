@@ -77,6 +77,11 @@ typedef struct lm_backend_ops {
      * (the whole device's, as the driver reports it). Optional: NULL where the backend
      * has no memory of its own (the CPU: its memory is the process's). */
     uint64_t (*peak_memory)(lm_backend *b);
+    /* The most bytes the backend may add beside the weights for faster forms of them
+     * (the CUDA backend's bf16 copies of quantized and f16 weights, made on their first
+     * large product). Optional: NULL where the backend makes none. A model under a
+     * memory limit sets 0: the limit counts the weights and the KV caches only. */
+    void (*set_copy_limit)(lm_backend *b, uint64_t bytes);
 
     /* Weights: a matrix of ne[1] rows by ne[0] columns in any supported format. The
      * tensor's bytes stay owned by the caller and must outlive the weight. */

@@ -1355,11 +1355,12 @@ int main(void) {
     snprintf(copy_env, sizeof copy_env, "%s", copy ? copy : "");
     setenv("LUMEN_CUDA_BF16_COPY", "1024", 1);
     CHECK(create_gpu(&g_gpu_gemm) == LM_OK);
-    if (copy_env[0]) setenv("LUMEN_CUDA_BF16_COPY", copy_env, 1);
-    else unsetenv("LUMEN_CUDA_BF16_COPY");
+    setenv("LUMEN_CUDA_BF16_COPY", "0", 1);
     setenv("LUMEN_CUDA_GRAPHS", "0", 1);
     setenv("LUMEN_CUDA_FUSED", "0", 1);
     CHECK(create_gpu(&g_gpu_gemm_direct) == LM_OK);
+    if (copy_env[0]) setenv("LUMEN_CUDA_BF16_COPY", copy_env, 1);
+    else unsetenv("LUMEN_CUDA_BF16_COPY");
     if (tc_env[0]) setenv("LUMEN_CUDA_TC_MAX_N", tc_env, 1);
     else unsetenv("LUMEN_CUDA_TC_MAX_N");
     CHECK(create_gpu(&g_gpu_direct) == LM_OK);

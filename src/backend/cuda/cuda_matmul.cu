@@ -507,7 +507,7 @@ enum : size_t { BF16_COPY_MARGIN = (size_t)2 << 30 };
 
 /* The GEMM path's bf16 copy of w's rows (a packed weight's: its pack's copy from its
  * row on), made the first time it is wanted outside a recording (cudaMalloc may not
- * run in one) while the budget (LUMEN_CUDA_BF16_COPY) and the free memory, less
+ * run in one) while the budget (cu->bf16_budget) and the free memory, less
  * BF16_COPY_MARGIN, hold it; NULL when there is none: the product decodes a tile at a
  * time, as it always did. Wanted once per weight (a pack: once for all of it). The
  * copy holds what the tiles would: the same bf16 values, so the same GEMMs give the
