@@ -36,6 +36,9 @@ static int64_t g_mv_max_n = 4;    /* the CUDA backend's defaults: LUMEN_CUDA_MV_
 static int64_t g_mv_max_n_q = 8;  /* (quantized weights; the variable sets both)       */
 static int64_t g_tc_max_n = 32;   /* LUMEN_CUDA_TC_MAX_N,                              */
 static int64_t g_tc_max_n_q = 0;  /* (quantized weights: none; the variable sets both)  */
+static int64_t g_mv_max_n_c = 4;  /* quantized weights with a bf16 copy, which then take */
+static bool g_copies = true;      /* the tensor cores up to g_tc_max_n (copies: unless   */
+                                  /* LUMEN_CUDA_BF16_COPY=0; the test's weights are small) */
 static int64_t g_gemm_chunk = 64; /* LUMEN_CUDA_GEMM_CHUNK                             */
 
 /* The GEMM path's chunk sizes are separate paths (another GEMM shape, so another
@@ -59,8 +62,9 @@ static int matmul_path(lm_dtype type, int64_t cols, int64_t n) {
     /* formats without a device decoder are stored as f16: f16's thresholds */
     const bool wide =
         type == LM_DTYPE_F32 || type == LM_DTYPE_F16 || type == LM_DTYPE_BF16 || !type_is_native(type);
-    if (n <= (wide ? g_mv_max_n : g_mv_max_n_q)) return PATH_MV;
-    if (n <= (wide ? g_tc_max_n : g_tc_max_n_q) && type != LM_DTYPE_F32 && cols % 32 == 0) return PATH_TC;
+    const bool copy = !wide && g_copies;
+    if (n <= (wide ? g_mv_max_n : copy ? g_mv_max_n_c : g_mv_max_n_q)) return PATH_MV;
+    if (n <= (wide || copy ? g_tc_max_n : g_tc_max_n_q) && type != LM_DTYPE_F32 && cols % 32 == 0) return PATH_TC;
     int path = PATH_GEMM;
     for (int64_t c = g_gemm_chunk; c < n && c < 512; c *= 2) path++;
     return path;
@@ -481,7 +485,8 @@ static void test_matmul_swiglu(lm_dtype type, int64_t cols, bool packed, int64_t
 
 /* The down product over the 8-bit hand-off (cuda_matmul_q8h.cu): gate/up (Q4_K, d
  * columns) by matmul_swiglu into h, then the down product (`type`, ff columns) on h
- * right after, for 1-8 tokens (the matrix-vector path's quantized batches). Within
+ * right after, for 1-8 tokens while both take the matrix-vector path (1-4 where the
+ * weights have bf16 copies: matmul_path). Within
  * the 8-bit tolerance of the product of the h downloaded; not the bits of the same
  * product over a copy of h (the f32 kernel: so the hand-off was taken; ff is large
  * enough that every block of the gate/up kernel holds whole groups of 32 values on
@@ -498,6 +503,7 @@ static void test_q8_handoff(lm_dtype type, int64_t d, int64_t ff, int64_t rows) 
     float *x = fmalloc(n_max * d), *y1 = NULL;
     fill(x, n_max * d, 1.0f);
     for (int64_t n = 1; n <= n_max && gw[0] && gw[1] && gw[2]; n++) {
+        if (matmul_path(LM_DTYPE_Q4_K, d, n) != PATH_MV || matmul_path(type, ff, n) != PATH_MV) break;
         float *dx = gpu_upload(x, sizeof(float) * (size_t)(n * d));
         float *dg = g_gpu->ops->alloc(g_gpu, sizeof(float) * (size_t)(n * ff));
         float *du = g_gpu->ops->alloc(g_gpu, sizeof(float) * (size_t)(n * ff));
@@ -1341,7 +1347,7 @@ int main(void) {
         return 1;
     }
     const char *mv = getenv("LUMEN_CUDA_MV_MAX_N"), *tc = getenv("LUMEN_CUDA_TC_MAX_N");
-    if (mv && mv[0] && atoll(mv) >= 0) g_mv_max_n = g_mv_max_n_q = atoll(mv);
+    if (mv && mv[0] && atoll(mv) >= 0) g_mv_max_n = g_mv_max_n_q = g_mv_max_n_c = atoll(mv);
     if (tc && tc[0] && atoll(tc) >= 0) g_tc_max_n = g_tc_max_n_q = atoll(tc);
     const char *chunk = getenv("LUMEN_CUDA_GEMM_CHUNK"); /* as the backend reads it */
     if (chunk && atoll(chunk) >= 16 && atoll(chunk) <= 4096) g_gemm_chunk = atoll(chunk) / 16 * 16;
@@ -1349,10 +1355,14 @@ int main(void) {
     snprintf(tc_env, sizeof tc_env, "%s", tc ? tc : "");
     setenv("LUMEN_CUDA_TC_MAX_N", "0", 1);
     /* its GEMMs read the weights' bf16 copies, its direct twin's decode tiles: the
-     * same bits (test_graphs_equal_direct) */
+     * same bits (test_graphs_equal_direct); both on the matrix-vector path up to 8
+     * tokens (with a copy a quantized weight would leave it after 4) */
     const char *copy = getenv("LUMEN_CUDA_BF16_COPY");
-    char copy_env[32];
+    char copy_env[32], mv_env[32];
     snprintf(copy_env, sizeof copy_env, "%s", copy ? copy : "");
+    snprintf(mv_env, sizeof mv_env, "%s", mv ? mv : "");
+    g_copies = !(copy && copy[0] && atoll(copy) <= 0);
+    if (!mv_env[0]) setenv("LUMEN_CUDA_MV_MAX_N", "8", 1);
     setenv("LUMEN_CUDA_BF16_COPY", "1024", 1);
     CHECK(create_gpu(&g_gpu_gemm) == LM_OK);
     setenv("LUMEN_CUDA_BF16_COPY", "0", 1);
@@ -1361,6 +1371,7 @@ int main(void) {
     CHECK(create_gpu(&g_gpu_gemm_direct) == LM_OK);
     if (copy_env[0]) setenv("LUMEN_CUDA_BF16_COPY", copy_env, 1);
     else unsetenv("LUMEN_CUDA_BF16_COPY");
+    if (!mv_env[0]) unsetenv("LUMEN_CUDA_MV_MAX_N");
     if (tc_env[0]) setenv("LUMEN_CUDA_TC_MAX_N", tc_env, 1);
     else unsetenv("LUMEN_CUDA_TC_MAX_N");
     CHECK(create_gpu(&g_gpu_direct) == LM_OK);
@@ -1371,8 +1382,9 @@ int main(void) {
     CHECK(mkdtemp(g_dir) != NULL);
     /* the model tests set LUMEN_CUDA_MV_MAX_N for a second backend: read ours first */
     printf("CUDA backend vs CPU reference (exact matrix-vector path up to n=%lld, quantized %lld; tensor cores up "
-           "to %lld)\n",
-           (long long)g_mv_max_n, (long long)g_mv_max_n_q, (long long)g_tc_max_n);
+           "to %lld; quantized weights %s)\n",
+           (long long)g_mv_max_n, g_copies ? (long long)g_mv_max_n_c : (long long)g_mv_max_n_q, (long long)g_tc_max_n,
+           g_copies ? "with bf16 copies, on the tensor cores too" : "without copies");
     test_memory();
     test_get_rows();
     test_matmul();

@@ -718,11 +718,13 @@ extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
     const char *rec = getenv("LUMEN_CUDA_RECORD_MAX_N");
     cu->record_max_n = rec && atoll(rec) > 0 ? atoll(rec) : 256;
     /* exact f32 products up to this many tokens: 4 for 16-bit and f32 weights, 8 for
-     * quantized ones (cuda_matmul.cu, path_of); LUMEN_CUDA_MV_MAX_N sets both */
+     * quantized ones, 4 for quantized ones with a bf16 copy (cuda_matmul.cu, path_of);
+     * LUMEN_CUDA_MV_MAX_N sets all three */
     const char *mv = getenv("LUMEN_CUDA_MV_MAX_N");
     const bool mv_set = mv && mv[0] && atoll(mv) >= 0;
     cu->mv_max_n = mv_set ? atoll(mv) : 4;
     cu->mv_max_n_quant = mv_set ? atoll(mv) : 8;
+    cu->mv_max_n_copy = mv_set ? atoll(mv) : 4;
     /* quantized and f16 weights decoded to bf16 once for the GEMM path instead of a
      * tile at a time in every product (cuda_matmul.cu, bf16_copy; Q4_K_M at 64
      * sequences: 17.6k -> 30.0k tokens/s), up to a quarter of the device's memory
@@ -738,9 +740,10 @@ extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
     cu->mvq_wide = !(mvq_wide && strcmp(mvq_wide, "0") == 0);
     const char *handoff = getenv("LUMEN_CUDA_Q8_HANDOFF"); /* 0: down products over f32 activations */
     cu->q8_handoff = !(handoff && strcmp(handoff, "0") == 0);
-    /* tensor-core products up to this many tokens: 32 for 16-bit weights; none for
-     * quantized ones, which go from the matrix-vector kernel to the GEMMs (cuda_matmul.cu,
-     * path_of); LUMEN_CUDA_TC_MAX_N sets both */
+    /* tensor-core products up to this many tokens: 32 for 16-bit weights and the
+     * copies of quantized ones; none for quantized ones without a copy, which go from
+     * the matrix-vector kernel to the GEMMs (cuda_matmul.cu, path_of);
+     * LUMEN_CUDA_TC_MAX_N sets both */
     const char *tc = getenv("LUMEN_CUDA_TC_MAX_N");
     const bool tc_set = tc && tc[0] && atoll(tc) >= 0;
     cu->tc_max_n = tc_set ? atoll(tc) : 32;

@@ -133,6 +133,8 @@ typedef struct lm_cuda_backend {
     lm_cuda_rope_key rope_key[LM_CUDA_SCR_ROPE_LAST - LM_CUDA_SCR_ROPE + 1]; /* what the RoPE slots hold */
     int64_t mv_max_n;  /* matmul: exact f32 matrix-vector kernel up to this many tokens */
     int64_t mv_max_n_quant; /* the same for quantized weights (path_of, cuda_matmul.cu) */
+    int64_t mv_max_n_copy;  /* the same for quantized weights with a bf16 copy, which
+                             * take the 16-bit tensor-core path above it */
     bool mvq;          /* matmul: Q4_K/Q6_K there over 8-bit activations (cuda_matmul_q8.cu; LUMEN_CUDA_MVQ=0: not) */
     bool mvq_wide;     /* matmul: a Q6_K head's interleaved copy for the 8-bit kernel (LUMEN_CUDA_MVQ_WIDE=0: not) */
     bool mv_stage;     /* matmul: one token's quantized rows staged in shared memory (LUMEN_CUDA_MV_STAGE=0: not) */
@@ -260,12 +262,13 @@ struct lm_weight {
                                   * lm_cuda_mvq_wide_fill), or NULL             */
     const lm_weight *pack_first; /* weight_pack: the first weight of this one's pack
                                   * (itself for the first), or NULL            */
-    /* A quantized or f16 weight's rows decoded to bf16 once, for the GEMM path
-     * (cuda_matmul.cu, bf16_copy), where LUMEN_CUDA_BF16_COPY allows: a packed
-     * weight's points into its pack's copy, which the pack's first weight holds. */
+    /* A quantized or f16 weight's rows decoded to bf16 once, at its first product,
+     * where the budget allows (cuda_matmul.cu, copy_decide): read by the GEMM path and,
+     * for quantized weights, the tensor-core path. A packed weight's points into its
+     * pack's copy, which the pack's first weight holds. */
     mutable const __nv_bfloat16 *bf16;
     mutable size_t bf16_bytes;   /* the copy's bytes where this weight holds it, else 0 */
-    mutable bool bf16_tried;     /* a copy was wanted once: not again          */
+    mutable bool bf16_decided;   /* its first product has come: copy or not, for good */
 };
 
 static inline lm_cuda_backend *lm_cuda(lm_backend *b) { return (lm_cuda_backend *)b; }

@@ -505,35 +505,40 @@ static int64_t gemm_row_tile(const lm_weight *w, int64_t chunk) {
  * activations of later passes grow into it. */
 enum : size_t { BF16_COPY_MARGIN = (size_t)2 << 30 };
 
-/* The GEMM path's bf16 copy of w's rows (a packed weight's: its pack's copy from its
- * row on), made the first time it is wanted outside a recording (cudaMalloc may not
- * run in one) while the budget (cu->bf16_budget) and the free memory, less
- * BF16_COPY_MARGIN, hold it; NULL when there is none: the product decodes a tile at a
- * time, as it always did. Wanted once per weight (a pack: once for all of it). The
- * copy holds what the tiles would: the same bf16 values, so the same GEMMs give the
- * same bits. */
-static const __nv_bfloat16 *bf16_copy(lm_cuda_backend *cu, const lm_weight *w) {
-    if (w->bf16 || !cu->bf16_budget) return w->bf16;
+/* Whether w (a quantized or f16 weight, and the rest of its pack) gets a bf16 copy of
+ * its rows: decided at its first product, for good, so its paths (path_of) and so its
+ * results never change afterwards. Made then while the budget (cu->bf16_budget) and
+ * the free memory, less BF16_COPY_MARGIN, hold it; never when that product is being
+ * recorded (cudaMalloc may not run in a capture; a pass is recorded only after it ran
+ * unrecorded, so a weight's first product never is in practice). The copy holds what
+ * the GEMM path's tiles and the tensor-core kernel decode: the same bf16 values, so
+ * those paths give the same bits from it. */
+static void copy_decide(lm_cuda_backend *cu, const lm_weight *w) {
     const lm_weight *first = w->pack_first ? w->pack_first : w;
-    if (first->bf16_tried || cu->pass_mode == LM_CUDA_PASS_CAPTURE) return NULL;
-    first->bf16_tried = true;
+    if (first->bf16_decided) return;
+    first->bf16_decided = true;
+    if (!cu->bf16_budget || w->type == LM_DTYPE_BF16 || w->type == LM_DTYPE_F32 ||
+        cu->pass_mode == LM_CUDA_PASS_CAPTURE)
+        return;
     int64_t rows = 0;
     for (const lm_weight *m = first; m; m = w->pack_first ? m->pack_next : NULL) rows += m->rows;
     const size_t bytes = (size_t)rows * (size_t)w->cols * 2;
     size_t free_b = 0, total_b = 0;
+    int cur = -1; /* the current device is the host thread's (matmul_swiglu decides before entering) */
+    if (cudaGetDevice(&cur) != cudaSuccess || cur != cu->device) cudaSetDevice(cu->device);
     if (cu->bf16_used + bytes > cu->bf16_budget || cudaMemGetInfo(&free_b, &total_b) != cudaSuccess ||
         free_b < bytes + BF16_COPY_MARGIN) {
         cudaGetLastError();
-        return NULL;
+        return;
     }
     __nv_bfloat16 *p = (__nv_bfloat16 *)lm_cuda_weight_alloc(cu, bytes);
-    if (!p) return NULL;
+    if (!p) return;
     lm_weight span = *first;
     span.rows = rows;
     dispatch_dequant_bf16(cu, &span, 0, rows, p);
     if (cu->err) {
         cudaFree(p);
-        return NULL;
+        return;
     }
     first->bf16_bytes = bytes;
     cu->bf16_used += bytes;
@@ -542,7 +547,11 @@ static const __nv_bfloat16 *bf16_copy(lm_cuda_backend *cu, const lm_weight *w) {
         m->bf16 = p + r0 * w->cols;
         r0 += m->rows;
     }
-    return w->bf16;
+}
+
+/* copy_decide for every weight of a product, before its paths are chosen. */
+static void copies_decide(lm_cuda_backend *cu, const lm_weight *const *w, int n_w) {
+    for (int i = 0; i < n_w; i++) copy_decide(cu, w[i]);
 }
 
 /* C [chunk][nr] (column-major nr x chunk) = A [nr][cols] times the chunk of prepared
@@ -576,7 +585,7 @@ static void gemm_run(lm_cuda_backend *cu, const lm_weight *w, const void *xs, in
 
     float *ys = NULL;
     if (!whole_rows || n % chunk != 0) ys = (float *)lm_cuda_scratch(cu, LM_CUDA_SCR_Y, (size_t)(chunk * rt) * 4);
-    const __nv_bfloat16 *copy = f32 || bf16 ? NULL : bf16_copy(cu, w);
+    const __nv_bfloat16 *copy = f32 || bf16 ? NULL : w->bf16;
     __nv_bfloat16 *wt = NULL;
     if (!f32 && !bf16 && !copy) wt = (__nv_bfloat16 *)lm_cuda_scratch(cu, LM_CUDA_SCR_WTILE, (size_t)(rt * cols) * 2);
     if (cu->err) return;
@@ -652,12 +661,41 @@ typedef enum { PATH_MV, PATH_TC, PATH_GEMM } matmul_path;
 
 /* The kernel of n tokens through w: a function of the backend's settings, the weight
  * and n only (so of no other token in the batch). */
+static bool is_wide(const lm_weight *w) {
+    return w->type == LM_DTYPE_F32 || w->type == LM_DTYPE_F16 || w->type == LM_DTYPE_BF16;
+}
+
+/* A quantized weight with a bf16 copy (copy_decide): the 16-bit kernels read the copy
+ * above the matrix-vector path (which keeps reading the quantized rows: fewer bytes). */
+static bool reads_copy(const lm_weight *w) { return w->bf16 && !is_wide(w); }
+
 static matmul_path path_of(const lm_cuda_backend *cu, const lm_weight *w, int64_t n) {
-    const bool wide = w->type == LM_DTYPE_F32 || w->type == LM_DTYPE_F16 || w->type == LM_DTYPE_BF16;
-    if (n <= (wide ? cu->mv_max_n : cu->mv_max_n_quant)) return PATH_MV;
-    if (n <= (wide ? cu->tc_max_n : cu->tc_max_n_quant) && lm_cuda_tc_supports(w)) return PATH_TC;
+    const bool wide = is_wide(w), copy = reads_copy(w);
+    if (n <= (wide ? cu->mv_max_n : copy ? cu->mv_max_n_copy : cu->mv_max_n_quant)) return PATH_MV;
+    if (n <= (wide || copy ? cu->tc_max_n : cu->tc_max_n_quant) && lm_cuda_tc_supports(w)) return PATH_TC;
     return PATH_GEMM;
 }
+
+/* The tensor-core product of w[0..n_w) (at most MV_MAX_SET, one format as the kernel
+ * reads them): quantized weights with a copy as the bf16 weights their copies are. */
+static void tc_run(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, const float *x, int64_t n,
+                   float *const *y) {
+    lm_weight view[MV_MAX_SET];
+    const lm_weight *vw[MV_MAX_SET];
+    for (int k = 0; k < n_w; k++) {
+        vw[k] = w[k];
+        if (!reads_copy(w[k])) continue;
+        view[k] = *w[k];
+        view[k].type = LM_DTYPE_BF16;
+        view[k].data = (void *)w[k]->bf16;
+        view[k].row_bytes = (size_t)w[k]->cols * 2;
+        vw[k] = &view[k];
+    }
+    lm_cuda_matmul_tc(cu, vw, n_w, x, n, y);
+}
+
+/* The format the tensor-core kernel reads w in. */
+static lm_dtype tc_type(const lm_weight *w) { return reads_copy(w) ? LM_DTYPE_BF16 : w->type; }
 
 /* ---- packed weights on the GEMM path ---------------------------------------------- */
 
@@ -735,7 +773,7 @@ static void packed_run(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, 
     const void *A = w[0]->data;
     /* the pack's copy when these are its weights from its first (they are whole) */
     const __nv_bfloat16 *copy =
-        !in_place && w[0]->pack_first == w[0] && !w[n_w - 1]->pack_next ? bf16_copy(cu, w[0]) : NULL;
+        !in_place && w[0]->pack_first == w[0] && !w[n_w - 1]->pack_next ? w[0]->bf16 : NULL;
     if (copy) {
         A = copy;
     } else if (!in_place) {
@@ -769,12 +807,13 @@ extern "C" lm_status lm_cuda_matmul(lm_backend *b, const lm_weight *w, const flo
     lm_cuda_backend *cu = lm_cuda(b);
     lm_status st = matmul_begin(cu, x);
     if (st || n <= 0 || lm_cuda_replaying(cu)) return st;
+    copy_decide(cu, w);
     switch (path_of(cu, w, n)) {
     case PATH_MV:
         if (lm_cuda_q8h_take(cu, w, x, n, y)) break; /* a down product over swiglu's 8-bit hand-off */
         if ((st = mv_dispatch(cu, &w, 1, x, n, &y))) return st;
         break;
-    case PATH_TC: lm_cuda_matmul_tc(cu, &w, 1, x, n, &y); break;
+    case PATH_TC: tc_run(cu, &w, 1, x, n, &y); break;
     case PATH_GEMM: {
         const void *xs = gemm_prepare_x(cu, w->type == LM_DTYPE_F32, x, n, w->cols);
         if (xs) gemm_run(cu, w, xs, n, y);
@@ -812,29 +851,33 @@ extern "C" lm_status lm_cuda_matmul_many(lm_backend *b, const lm_weight *const *
         if (w[i]->cols != w[0]->cols)
             return lm_error(LM_ERR_INVALID_ARG, "matmul_many: weights of %lld and %lld columns share one input",
                             (long long)w[0]->cols, (long long)w[i]->cols);
+    copies_decide(cu, w, n_w);
     if (gemm_packed(cu, w, n_w, n, y)) {
         packed_run(cu, w, n_w, x, n, y, NULL);
         return lm_cuda_recorded_pass(cu) ? LM_OK : lm_cuda_take_error(cu);
     }
     float *const *y_out = y, *y_packed[3];
     if (mv_packed_qkv(cu, w, n_w, n, y_packed)) y = y_packed;
-    /* one launch per run of consecutive weights of one format, or of Q4_K and Q6_K on
+    /* one launch per run of consecutive weights on one path in one format (the
+     * tensor-core kernel's: a quantized weight's copy is bf16), or of Q4_K and Q6_K on
      * the 8-bit kernel (lm_cuda_mvq_mixable); on the GEMM path the activations are
      * rounded once for every weight of the same kind (F32 weights take them in f32) */
     const void *xs = NULL;
     int kind = -1;
     for (int i = 0; i < n_w && !cu->err;) {
+        const matmul_path path = path_of(cu, w[i], n);
         int j = i + 1;
         int64_t rows = w[i]->rows;
-        while (j < n_w && j - i < MV_MAX_SET &&
-               (w[j]->type == w[j - 1]->type || (path_of(cu, w[i], n) == PATH_MV && path_of(cu, w[j], n) == PATH_MV &&
-                                             lm_cuda_mvq_mixable(cu, w[j - 1], w[j], rows))))
+        while (j < n_w && j - i < MV_MAX_SET && path_of(cu, w[j], n) == path &&
+               (path == PATH_TC ? tc_type(w[j]) == tc_type(w[j - 1])
+                                : w[j]->type == w[j - 1]->type ||
+                                      (path == PATH_MV && lm_cuda_mvq_mixable(cu, w[j - 1], w[j], rows))))
             rows += w[j++]->rows;
-        switch (path_of(cu, w[i], n)) {
+        switch (path) {
         case PATH_MV:
             if ((st = mv_dispatch(cu, w + i, j - i, x, n, y + i))) return st;
             break;
-        case PATH_TC: lm_cuda_matmul_tc(cu, w + i, j - i, x, n, y + i); break;
+        case PATH_TC: tc_run(cu, w + i, j - i, x, n, y + i); break;
         case PATH_GEMM:
             for (int k = i; k < j && !cu->err; k++) {
                 int f32 = w[k]->type == LM_DTYPE_F32;
@@ -863,6 +906,7 @@ extern "C" lm_status lm_cuda_matmul_swiglu(lm_backend *b, const lm_weight *w_gat
     lm_cuda_backend *cu = lm_cuda(b);
     const lm_weight *w[2] = {w_gate, w_up};
     float *y[2] = {gate, up};
+    copies_decide(cu, w, 2); /* before the paths; done already when replaying */
     if (w_up->rows == w_gate->rows && gemm_packed(cu, w, 2, n, y)) {
         lm_status st = matmul_begin(cu, x);
         if (st || n <= 0 || lm_cuda_replaying(cu)) return st;
