@@ -36,9 +36,9 @@ static int64_t g_mv_max_n = 4;    /* the CUDA backend's defaults: LUMEN_CUDA_MV_
 static int64_t g_mv_max_n_q = 8;  /* (quantized weights; the variable sets both)       */
 static int64_t g_tc_max_n = 32;   /* LUMEN_CUDA_TC_MAX_N,                              */
 static int64_t g_tc_max_n_q = 0;  /* (quantized weights: none; the variable sets both)  */
-static int64_t g_mv_max_n_c = 4;  /* quantized weights with a bf16 copy, which then take */
-static bool g_copies = true;      /* the tensor cores up to g_tc_max_n (copies: unless   */
-                                  /* LUMEN_CUDA_BF16_COPY=0; the test's weights are small) */
+static int64_t g_mv_max_n_c = 4;  /* quantized weights with a bf16 copy (made unless     */
+static int64_t g_tc_max_n_c = 8;  /* LUMEN_CUDA_BF16_COPY=0: the test's weights are small) */
+static bool g_copies = true;
 static int64_t g_gemm_chunk = 64; /* LUMEN_CUDA_GEMM_CHUNK                             */
 
 /* The GEMM path's chunk sizes are separate paths (another GEMM shape, so another
@@ -64,7 +64,8 @@ static int matmul_path(lm_dtype type, int64_t cols, int64_t n) {
         type == LM_DTYPE_F32 || type == LM_DTYPE_F16 || type == LM_DTYPE_BF16 || !type_is_native(type);
     const bool copy = !wide && g_copies;
     if (n <= (wide ? g_mv_max_n : copy ? g_mv_max_n_c : g_mv_max_n_q)) return PATH_MV;
-    if (n <= (wide || copy ? g_tc_max_n : g_tc_max_n_q) && type != LM_DTYPE_F32 && cols % 32 == 0) return PATH_TC;
+    if (n <= (wide ? g_tc_max_n : copy ? g_tc_max_n_c : g_tc_max_n_q) && type != LM_DTYPE_F32 && cols % 32 == 0)
+        return PATH_TC;
     int path = PATH_GEMM;
     for (int64_t c = g_gemm_chunk; c < n && c < 512; c *= 2) path++;
     return path;
@@ -1348,7 +1349,7 @@ int main(void) {
     }
     const char *mv = getenv("LUMEN_CUDA_MV_MAX_N"), *tc = getenv("LUMEN_CUDA_TC_MAX_N");
     if (mv && mv[0] && atoll(mv) >= 0) g_mv_max_n = g_mv_max_n_q = g_mv_max_n_c = atoll(mv);
-    if (tc && tc[0] && atoll(tc) >= 0) g_tc_max_n = g_tc_max_n_q = atoll(tc);
+    if (tc && tc[0] && atoll(tc) >= 0) g_tc_max_n = g_tc_max_n_q = g_tc_max_n_c = atoll(tc);
     const char *chunk = getenv("LUMEN_CUDA_GEMM_CHUNK"); /* as the backend reads it */
     if (chunk && atoll(chunk) >= 16 && atoll(chunk) <= 4096) g_gemm_chunk = atoll(chunk) / 16 * 16;
     char tc_env[32];
@@ -1382,9 +1383,9 @@ int main(void) {
     CHECK(mkdtemp(g_dir) != NULL);
     /* the model tests set LUMEN_CUDA_MV_MAX_N for a second backend: read ours first */
     printf("CUDA backend vs CPU reference (exact matrix-vector path up to n=%lld, quantized %lld; tensor cores up "
-           "to %lld; quantized weights %s)\n",
+           "to %lld, quantized %lld: %s bf16 copies)\n",
            (long long)g_mv_max_n, g_copies ? (long long)g_mv_max_n_c : (long long)g_mv_max_n_q, (long long)g_tc_max_n,
-           g_copies ? "with bf16 copies, on the tensor cores too" : "without copies");
+           g_copies ? (long long)g_tc_max_n_c : (long long)g_tc_max_n_q, g_copies ? "with" : "without");
     test_memory();
     test_get_rows();
     test_matmul();

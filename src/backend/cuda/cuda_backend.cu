@@ -718,8 +718,10 @@ extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
     const char *rec = getenv("LUMEN_CUDA_RECORD_MAX_N");
     cu->record_max_n = rec && atoll(rec) > 0 ? atoll(rec) : 256;
     /* exact f32 products up to this many tokens: 4 for 16-bit and f32 weights, 8 for
-     * quantized ones, 4 for quantized ones with a bf16 copy (cuda_matmul.cu, path_of);
-     * LUMEN_CUDA_MV_MAX_N sets all three */
+     * quantized ones, 4 for quantized ones with a bf16 copy (Q4_K_M 1.5B on the H200,
+     * one call: x4 2,106-2,109 tokens/s against 1,906-1,929 on the tensor cores; x6
+     * 2,287-2,300 against 2,614-2,636) (cuda_matmul.cu, path_of); LUMEN_CUDA_MV_MAX_N
+     * sets all three */
     const char *mv = getenv("LUMEN_CUDA_MV_MAX_N");
     const bool mv_set = mv && mv[0] && atoll(mv) >= 0;
     cu->mv_max_n = mv_set ? atoll(mv) : 4;
@@ -740,14 +742,17 @@ extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
     cu->mvq_wide = !(mvq_wide && strcmp(mvq_wide, "0") == 0);
     const char *handoff = getenv("LUMEN_CUDA_Q8_HANDOFF"); /* 0: down products over f32 activations */
     cu->q8_handoff = !(handoff && strcmp(handoff, "0") == 0);
-    /* tensor-core products up to this many tokens: 32 for 16-bit weights and the
-     * copies of quantized ones; none for quantized ones without a copy, which go from
-     * the matrix-vector kernel to the GEMMs (cuda_matmul.cu, path_of);
-     * LUMEN_CUDA_TC_MAX_N sets both */
+    /* tensor-core products up to this many tokens: 32 for 16-bit weights, 8 for the
+     * bf16 copies of quantized ones (Q4_K_M 1.5B on the H200, one call: x8 3,790-3,798
+     * tokens/s against 2,557 on the matrix-vector kernel; x16 6,520 against the GEMMs'
+     * 7,721-7,782, x32 8,437 against 14,813-15,022); none for quantized ones without
+     * a copy, which go from the matrix-vector kernel to the GEMMs (cuda_matmul.cu,
+     * path_of); LUMEN_CUDA_TC_MAX_N sets all three */
     const char *tc = getenv("LUMEN_CUDA_TC_MAX_N");
     const bool tc_set = tc && tc[0] && atoll(tc) >= 0;
     cu->tc_max_n = tc_set ? atoll(tc) : 32;
     cu->tc_max_n_quant = tc_set ? atoll(tc) : 0;
+    cu->tc_max_n_copy = tc_set ? atoll(tc) : 8;
     const char *prof = getenv("LUMEN_CUDA_PROFILE_N"); /* see lm_cuda_pass_begin */
     cu->profile_n = prof && atoll(prof) > 0 ? atoll(prof) : 0;
     const char *chunk = getenv("LUMEN_CUDA_GEMM_CHUNK"); /* the smallest GEMM width (cuda_matmul.cu) */

@@ -672,7 +672,8 @@ static bool reads_copy(const lm_weight *w) { return w->bf16 && !is_wide(w); }
 static matmul_path path_of(const lm_cuda_backend *cu, const lm_weight *w, int64_t n) {
     const bool wide = is_wide(w), copy = reads_copy(w);
     if (n <= (wide ? cu->mv_max_n : copy ? cu->mv_max_n_copy : cu->mv_max_n_quant)) return PATH_MV;
-    if (n <= (wide || copy ? cu->tc_max_n : cu->tc_max_n_quant) && lm_cuda_tc_supports(w)) return PATH_TC;
+    if (n <= (wide ? cu->tc_max_n : copy ? cu->tc_max_n_copy : cu->tc_max_n_quant) && lm_cuda_tc_supports(w))
+        return PATH_TC;
     return PATH_GEMM;
 }
 
