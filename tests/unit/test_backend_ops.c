@@ -34,11 +34,12 @@ static lm_backend *g_gpu_gemm, *g_gpu_gemm_direct;
 static uint64_t g_rng = 0x5eed;
 static int64_t g_mv_max_n = 4;    /* the CUDA backend's defaults: LUMEN_CUDA_MV_MAX_N, */
 static int64_t g_mv_max_n_q = 8;  /* (quantized weights; the variable sets both)       */
-static int64_t g_tc_max_n = 32;   /* LUMEN_CUDA_TC_MAX_N,                              */
+static int64_t g_tc_max_n = 8;    /* LUMEN_CUDA_TC_MAX_N,                              */
 static int64_t g_tc_max_n_q = 0;  /* (quantized weights: none; the variable sets both)  */
-static int64_t g_mv_max_n_c = 4;  /* quantized weights with a bf16 copy (made unless     */
-static int64_t g_tc_max_n_c = 8;  /* LUMEN_CUDA_BF16_COPY=0: the test's weights are small) */
-static bool g_copies = true;
+static int64_t g_mv_max_n_c = 4;  /* quantized weights with a bf16 copy, which then take */
+static bool g_copies = true;      /* the tensor cores up to g_tc_max_n (copies: unless   */
+                                  /* LUMEN_CUDA_BF16_COPY=0; the test's weights are small) */
+static int64_t g_attn_dec_min;    /* the decode attention from this many tokens (main)  */
 static int64_t g_gemm_chunk = 64; /* LUMEN_CUDA_GEMM_CHUNK                             */
 
 /* The GEMM path's chunk sizes are separate paths (another GEMM shape, so another
@@ -64,8 +65,7 @@ static int matmul_path(lm_dtype type, int64_t cols, int64_t n) {
         type == LM_DTYPE_F32 || type == LM_DTYPE_F16 || type == LM_DTYPE_BF16 || !type_is_native(type);
     const bool copy = !wide && g_copies;
     if (n <= (wide ? g_mv_max_n : copy ? g_mv_max_n_c : g_mv_max_n_q)) return PATH_MV;
-    if (n <= (wide ? g_tc_max_n : copy ? g_tc_max_n_c : g_tc_max_n_q) && type != LM_DTYPE_F32 && cols % 32 == 0)
-        return PATH_TC;
+    if (n <= (wide || copy ? g_tc_max_n : g_tc_max_n_q) && type != LM_DTYPE_F32 && cols % 32 == 0) return PATH_TC;
     int path = PATH_GEMM;
     for (int64_t c = g_gemm_chunk; c < n && c < 512; c *= 2) path++;
     return path;
@@ -911,10 +911,11 @@ static void run_attention_case(const attn_case *ac) {
         } else if (bi == 2) {
             /* a token's result does not depend on the batch around it: the first 40
              * tokens alone give the same bits, and where this batch does not take the
-             * tensor-core decode kernel (F16, head size 64/128, a decode batch of more
-             * than tc_max_n tokens), the decode batch of 3 gives them too */
-            bool dec = ac->type == LM_DTYPE_F16 && (ac->hd == 64 || ac->hd == 128) && n > g_tc_max_n &&
-                       n > g_mv_max_n && ac->n_head / ac->n_head_kv <= 16;
+             * tensor-core decode kernel (F16, head size 64/128, a decode batch of
+             * g_attn_dec_min tokens or more; its warps a block follow the batch's
+             * size), the decode batch of 3 gives them too */
+            bool dec = ac->type == LM_DTYPE_F16 && (ac->hd == 64 || ac->hd == 128) && n >= g_attn_dec_min &&
+                       ac->n_head / ac->n_head_kv <= 16;
             if (!dec) CHECK(bit_equal(got, dec_out, N_SEQ * d_q));
             lm_attn_batch sub = {40, lpos, lseq};
             CHECK(attention_bits_equal(kg, layer, &sub, dq, ac, scale, got));
@@ -1349,7 +1350,11 @@ int main(void) {
     }
     const char *mv = getenv("LUMEN_CUDA_MV_MAX_N"), *tc = getenv("LUMEN_CUDA_TC_MAX_N");
     if (mv && mv[0] && atoll(mv) >= 0) g_mv_max_n = g_mv_max_n_q = g_mv_max_n_c = atoll(mv);
-    if (tc && tc[0] && atoll(tc) >= 0) g_tc_max_n = g_tc_max_n_q = g_tc_max_n_c = atoll(tc);
+    if (tc && tc[0] && atoll(tc) >= 0) g_tc_max_n = g_tc_max_n_q = atoll(tc);
+    /* as the backend decides it (cuda_backend.cu, LUMEN_CUDA_ATTN_DEC) */
+    const char *dec = getenv("LUMEN_CUDA_ATTN_DEC");
+    g_attn_dec_min = dec && dec[0] ? (atoll(dec) > 0 ? atoll(dec) : INT64_MAX)
+                                   : g_mv_max_n > g_tc_max_n ? g_mv_max_n + 1 : 1;
     const char *chunk = getenv("LUMEN_CUDA_GEMM_CHUNK"); /* as the backend reads it */
     if (chunk && atoll(chunk) >= 16 && atoll(chunk) <= 4096) g_gemm_chunk = atoll(chunk) / 16 * 16;
     char tc_env[32];
@@ -1385,7 +1390,7 @@ int main(void) {
     printf("CUDA backend vs CPU reference (exact matrix-vector path up to n=%lld, quantized %lld; tensor cores up "
            "to %lld, quantized %lld: %s bf16 copies)\n",
            (long long)g_mv_max_n, g_copies ? (long long)g_mv_max_n_c : (long long)g_mv_max_n_q, (long long)g_tc_max_n,
-           g_copies ? (long long)g_tc_max_n_c : (long long)g_tc_max_n_q, g_copies ? "with" : "without");
+           g_copies ? (long long)g_tc_max_n : (long long)g_tc_max_n_q, g_copies ? "with" : "without");
     test_memory();
     test_get_rows();
     test_matmul();

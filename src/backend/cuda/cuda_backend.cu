@@ -742,17 +742,18 @@ extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
     cu->mvq_wide = !(mvq_wide && strcmp(mvq_wide, "0") == 0);
     const char *handoff = getenv("LUMEN_CUDA_Q8_HANDOFF"); /* 0: down products over f32 activations */
     cu->q8_handoff = !(handoff && strcmp(handoff, "0") == 0);
-    /* tensor-core products up to this many tokens: 32 for 16-bit weights, 8 for the
-     * bf16 copies of quantized ones (Q4_K_M 1.5B on the H200, one call: x8 3,790-3,798
-     * tokens/s against 2,557 on the matrix-vector kernel; x16 6,520 against the GEMMs'
-     * 7,721-7,782, x32 8,437 against 14,813-15,022); none for quantized ones without
-     * a copy, which go from the matrix-vector kernel to the GEMMs (cuda_matmul.cu,
-     * path_of); LUMEN_CUDA_TC_MAX_N sets all three */
+    /* tensor-core products up to this many tokens: 8 for 16-bit weights and the bf16
+     * copies of quantized ones, the GEMMs beyond (H200, 1.5B-shaped, one call each,
+     * tokens/s: bf16 x12 5,018-5,027 -> 6,739, x16 6,478 -> 8,908-8,916, x32 8,443-8,447
+     * -> 16,827-17,160 with the GEMMs instead of the tensor-core kernel, whose limit
+     * had been 32 since the third session; Q4_K_M's copies x8 3,790-3,798 against 2,557
+     * on the matrix-vector kernel); none for quantized weights without a copy, which go
+     * from the matrix-vector kernel to the GEMMs (cuda_matmul.cu, path_of);
+     * LUMEN_CUDA_TC_MAX_N sets both */
     const char *tc = getenv("LUMEN_CUDA_TC_MAX_N");
     const bool tc_set = tc && tc[0] && atoll(tc) >= 0;
-    cu->tc_max_n = tc_set ? atoll(tc) : 32;
+    cu->tc_max_n = tc_set ? atoll(tc) : 8;
     cu->tc_max_n_quant = tc_set ? atoll(tc) : 0;
-    cu->tc_max_n_copy = tc_set ? atoll(tc) : 8;
     const char *prof = getenv("LUMEN_CUDA_PROFILE_N"); /* see lm_cuda_pass_begin */
     cu->profile_n = prof && atoll(prof) > 0 ? atoll(prof) : 0;
     const char *chunk = getenv("LUMEN_CUDA_GEMM_CHUNK"); /* the smallest GEMM width (cuda_matmul.cu) */

@@ -140,8 +140,7 @@ typedef struct lm_cuda_backend {
     bool mv_stage;     /* matmul: one token's quantized rows staged in shared memory (LUMEN_CUDA_MV_STAGE=0: not) */
     bool q8_handoff;   /* matmul: swiglu's output handed to the down product in 8 bits (LUMEN_CUDA_Q8_HANDOFF=0: not) */
     int64_t tc_max_n;  /* matmul: tensor-core kernel up to this many tokens     */
-    int64_t tc_max_n_quant; /* the same for quantized weights (none beyond mv_max_n_quant) */
-    int64_t tc_max_n_copy;  /* the same for quantized weights with a bf16 copy */
+    int64_t tc_max_n_quant; /* the same for quantized weights without a bf16 copy (none) */
     int64_t gemm_chunk; /* matmul: smallest GEMM width above both (padded)      */
     int64_t attn_dec_min_n; /* attention: tensor-core decode kernel from this many tokens */
     int attn_dec_warps;     /* attention: that kernel's warps a block, 0: by the batch (LUMEN_CUDA_ATTN_DEC_WARPS) */

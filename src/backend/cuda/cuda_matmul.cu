@@ -10,12 +10,15 @@
  * greedy outputs of the real SmolLM2 differ from alone at a top-two gap of 0.07; it
  * was dropped.
  *
- *  - matrix-vector (n <= mv_max_n: 4 for f32 and 16-bit weights, 8 for quantized
- *    ones, unless LUMEN_CUDA_MV_MAX_N says otherwise): decode of a few sequences. The
- *    tensor-core kernel decodes a quantized weight element by element for each group
- *    of tokens, so 8 tokens here were faster (twentieth session, Q4_K_M 1.5B at 8
- *    sequences: 2,537-2,539 vs 1,845-1,851 tokens/s, the same call; beyond 8 they
- *    take the GEMMs, below). A row per warp (or per 2-4 warps when the row is long),
+ *  - matrix-vector (n <= mv_max_n: 4 for f32 and 16-bit weights and for quantized
+ *    ones with a bf16 copy, 8 for quantized ones without, unless LUMEN_CUDA_MV_MAX_N
+ *    says otherwise): decode of a few sequences. The tensor-core kernel decodes a
+ *    quantized weight element by element for each group of tokens, so 8 tokens here
+ *    were faster (twentieth session, Q4_K_M 1.5B at 8 sequences: 2,537-2,539 vs
+ *    1,845-1,851 tokens/s, the same call; beyond 8 they take the GEMMs, below); from
+ *    a copy the tensor cores were faster from 5 (twenty-first session, Q4_K_M: x6
+ *    2,614-2,636 vs 2,287-2,300, x8 3,790-3,798 vs 2,557; x4 1,906-1,929 vs
+ *    2,106-2,109 here). A row per warp (or per 2-4 warps when the row is long),
  *    the weight decoded on the fly eight elements per lane (deq8), f32 fused
  *    multiply-adds against up to 8 tokens at once while the decoded weights sit in
  *    registers. Exact f32 arithmetic on the exactly decoded weights, except Q4_K
@@ -84,12 +87,17 @@
  *    slot waited for whole), the head 110 vs 107.5. Short-lived blocks with their
  *    words in registers keep more bytes in flight than a ring an SM; dropped.
  *
- *  - tensor cores (n <= tc_max_n, 32 unless LUMEN_CUDA_TC_MAX_N says otherwise; every
- *    format but F32, widths a multiple of 32): decode of 5-32 sequences of 16-bit
- *    weights. Not quantized ones unless LUMEN_CUDA_TC_MAX_N says so: decoding every
- *    element per group of tokens, the kernel lost to the GEMM path's decode to bf16
- *    tiles from 9 tokens on (twentieth session, H200, Q4_K_M 1.5B-shaped, tokens/s:
- *    12 sequences 2,672 vs 3,415, 16 3,426 vs 4,514, 32 5,196-5,208 vs 8,917).
+ *  - tensor cores (n <= tc_max_n, 8 unless LUMEN_CUDA_TC_MAX_N says otherwise; every
+ *    format but F32, widths a multiple of 32): decode of 5-8 sequences of 16-bit
+ *    weights, and of quantized weights with a bf16 copy (copy_decide), read as the
+ *    bf16 weights their copies are (tc_run). Up to the twenty-first session 16-bit
+ *    weights took it up to 32 tokens; the GEMMs on the same weights then measured
+ *    faster from 12 (H200, bf16 1.5B-shaped, one call, tokens/s: 12 sequences 5,018-
+ *    5,027 vs 6,739, 16 6,478 vs 8,908-8,916, 32 8,443-8,447 vs 16,827-17,160).
+ *    Quantized weights without a copy never take it unless LUMEN_CUDA_TC_MAX_N says
+ *    so: decoding every element per group of tokens, the kernel lost to the GEMM
+ *    path's decode to bf16 tiles from 9 tokens on (twentieth session, Q4_K_M: 12
+ *    sequences 2,672 vs 3,415, 16 3,426 vs 4,514, 32 5,196-5,208 vs 8,917).
  *    cuda_matmul_tc.cu: weights decoded in registers, bf16 activations, f32 sums,
  *    bit batch-invariant for every n it serves (LUMEN_CUDA_MV_MAX_N=0 with
  *    LUMEN_CUDA_TC_MAX_N=256 makes every decode batch up to 256 take it: decode
@@ -97,8 +105,9 @@
  *    1 / 8 / 64 / 256 sequences in the third session's measurement).
  *
  *  - GEMM (larger n: prefill, large batches): weight rows decoded to bf16 a tile
- *    at a time (F32 weights: cublasSgemm on the weights in place; BF16: used in
- *    place), activations rounded to bf16, cuBLAS with f32 accumulation. Tokens go
+ *    at a time, or read from the weight's bf16 copy where it has one (F32 weights:
+ *    cublasSgemm on the weights in place; BF16: used in place), activations rounded
+ *    to bf16, cuBLAS with f32 accumulation. Tokens go
  *    through GEMMs of exactly `chunk` columns (the last one padded; the padding's
  *    outputs are never read), so every token sees the same GEMM shape and algorithm
  *    whatever the batch (a column's result depends on its own column): batch-invariant
@@ -672,8 +681,7 @@ static bool reads_copy(const lm_weight *w) { return w->bf16 && !is_wide(w); }
 static matmul_path path_of(const lm_cuda_backend *cu, const lm_weight *w, int64_t n) {
     const bool wide = is_wide(w), copy = reads_copy(w);
     if (n <= (wide ? cu->mv_max_n : copy ? cu->mv_max_n_copy : cu->mv_max_n_quant)) return PATH_MV;
-    if (n <= (wide ? cu->tc_max_n : copy ? cu->tc_max_n_copy : cu->tc_max_n_quant) && lm_cuda_tc_supports(w))
-        return PATH_TC;
+    if (n <= (wide || copy ? cu->tc_max_n : cu->tc_max_n_quant) && lm_cuda_tc_supports(w)) return PATH_TC;
     return PATH_GEMM;
 }
 
