@@ -31,6 +31,7 @@ static lm_backend *g_cpu, *g_gpu, *g_gpu_direct; /* direct: no graphs, no fused 
 /* the same pair without the tensor-core products, so batches of 5 or more take
  * cuBLAS GEMMs (inside recorded graphs too) */
 static lm_backend *g_gpu_gemm, *g_gpu_gemm_direct;
+static lm_backend *g_gpu_nocopy; /* LUMEN_CUDA_BF16_COPY=0 */
 static uint64_t g_rng = 0x5eed;
 static int64_t g_mv_max_n = 4;    /* the CUDA backend's defaults: LUMEN_CUDA_MV_MAX_N, */
 static int64_t g_mv_max_n_q = 8;  /* (quantized weights; the variable sets both)       */
@@ -374,15 +375,17 @@ static void test_matmul_many_mixed(int64_t rows_a) {
  * (another summation order is allowed), and batch-invariant: the first n - 1 tokens of
  * n give the bits they give alone (the same chunk). One token (the n - 1 of n = 2) on
  * the matrix-vector path leaves Q/K/V side by side for a qkv_finish (mv_packed_qkv):
- * the download splits them. */
-static void test_matmul_many(lm_dtype type, bool packed) {
+ * the download splits them. v_type: the third weight's format (a Q4_K_M file's V is
+ * Q6_K in half the layers): such a set is not packed, but its bf16 copies are, and the
+ * GEMM path runs them as one product as well. */
+static void test_matmul_many(lm_dtype type, lm_dtype v_type, bool packed) {
     static const int64_t rows[3] = {40, 24, 200}, ns[] = {2, 3, 24, 100, 300};
     const int64_t cols = 512, n_max = 300;
     if (!g_gpu->ops->matmul_many || (packed && !g_gpu->ops->weight_pack)) return;
     test_weight w[3];
     lm_weight *gw[3] = {NULL, NULL, NULL};
     for (int k = 0; k < 3; k++) {
-        make_weight(&w[k], type, rows[k], cols);
+        make_weight(&w[k], k == 2 ? v_type : type, rows[k], cols);
         CHECK(g_gpu->ops->weight_create(g_gpu, &w[k].t, &gw[k]) == LM_OK);
     }
     if (packed && gw[0] && gw[1] && gw[2]) g_gpu->ops->weight_pack(g_gpu, gw, 3);
@@ -391,7 +394,7 @@ static void test_matmul_many(lm_dtype type, bool packed) {
     for (size_t i = 0; i < sizeof ns / sizeof ns[0] && gw[0] && gw[1] && gw[2]; i++) {
         const int64_t n = ns[i];
         const int path = matmul_path(type, cols, n);
-        const bool one_gemm = packed && path >= PATH_GEMM;
+        const bool one_gemm = packed && path >= PATH_GEMM && (v_type == type || g_copies);
         float *many[3], *fewer[3];
         gpu_matmul_many(gw, 3, rows, x, n, cols, many);
         gpu_matmul_many(gw, 3, rows, x, n - 1, cols, fewer);
@@ -406,7 +409,8 @@ static void test_matmul_many(lm_dtype type, bool packed) {
             free(many[k]), free(fewer[k]), free(one);
         }
         char what[64];
-        snprintf(what, sizeof what, "%s%s 40+24+200x%lld n=%lld (%s)", packed ? "packed " : "", lm_dtype_name(type),
+        snprintf(what, sizeof what, "%s%s%s%s 40+24+200x%lld n=%lld (%s)", packed ? "packed " : "",
+                 lm_dtype_name(type), v_type == type ? "" : "+", v_type == type ? "" : lm_dtype_name(v_type),
                  (long long)cols, (long long)n, path_name(path));
         if (one_gemm) {
             report("many", what, err, 1e-5);
@@ -563,7 +567,7 @@ static void test_matmul(void) {
     test_matmul_swiglu(LM_DTYPE_Q4_K, 4096, false, 72); /* two warps a row */
     test_matmul_swiglu(LM_DTYPE_Q8_0, 8960, false, 72); /* four: the separate ops */
     test_matmul_swiglu(LM_DTYPE_BF16, 512, true, 72);
-    test_matmul_many(LM_DTYPE_BF16, true);
+    test_matmul_many(LM_DTYPE_BF16, LM_DTYPE_BF16, true);
     static const int64_t ns_mv[] = {1, 2, 3, 4, 8};
     test_matmul_type(LM_DTYPE_Q4_K, 4100, 1536, ns_mv, 5); /* the 8-bit kernel (mv_is_q8) */
     test_matmul_type(LM_DTYPE_Q6_K, 32768, 512, ns_mv, 5); /* a head: the interleaved copy (w->wide) */
@@ -587,14 +591,33 @@ static void test_matmul(void) {
     test_q8_handoff(LM_DTYPE_Q4_K, 512, 17920, 99);  /* a row a lane, two rounds of chunks, a part-filled block */
     if (getenv("LUMEN_TEST_OPS_QUICK")) return; /* under compute-sanitizer */
     test_matmul_swiglu(LM_DTYPE_Q4_K, 4096, true, 72); /* decoded whole */
-    test_matmul_many(LM_DTYPE_Q4_K, true);
+    test_matmul_many(LM_DTYPE_Q4_K, LM_DTYPE_Q4_K, true);
+    test_matmul_many(LM_DTYPE_Q4_K, LM_DTYPE_Q6_K, true); /* copies packed, the weights not */
     /* long rows (several warps per row), and more rows than one GEMM tile */
     static const int64_t ns2[] = {1, 24, 100, 300};
     test_matmul_type(LM_DTYPE_Q4_K, 96, 8960, ns2, 4);
     test_matmul_type(LM_DTYPE_Q6_K, 16500, 512, ns2, 4);
     test_matmul_type(LM_DTYPE_BF16, 16500, 256, ns2, 4);
-    test_matmul_many(LM_DTYPE_BF16, false);
-    test_matmul_many(LM_DTYPE_Q4_K, false);
+    test_matmul_many(LM_DTYPE_BF16, LM_DTYPE_BF16, false);
+    test_matmul_many(LM_DTYPE_Q4_K, LM_DTYPE_Q4_K, false);
+}
+
+/* Quantized weights without bf16 copies (a model under a memory limit, or past the
+ * copies' budget), on a backend that makes none: the matrix-vector path up to 8 tokens
+ * (the 8-bit kernel and its hand-off), the GEMMs' tiles beyond, and a set of mixed
+ * formats, not packed, as separate products. */
+static void test_matmul_without_copies(void) {
+    lm_backend *with = g_gpu;
+    const bool copies = g_copies;
+    g_gpu = g_gpu_nocopy, g_copies = false;
+    printf("  without bf16 copies:\n");
+    static const int64_t ns[] = {1, 5, 8, 16, 40};
+    test_matmul_type(LM_DTYPE_Q4_K, 4100, 1536, ns, 5);
+    test_matmul_type(LM_DTYPE_Q6_K, 200, 512, ns, 5);
+    test_matmul_type(LM_DTYPE_Q8_0, 200, 512, ns, 5);
+    test_q8_handoff(LM_DTYPE_Q4_K, 1536, 8960, 256);
+    test_matmul_many(LM_DTYPE_Q4_K, LM_DTYPE_Q6_K, true);
+    g_gpu = with, g_copies = copies;
 }
 
 static void test_get_rows(void) {
@@ -1381,6 +1404,10 @@ int main(void) {
     if (tc_env[0]) setenv("LUMEN_CUDA_TC_MAX_N", tc_env, 1);
     else unsetenv("LUMEN_CUDA_TC_MAX_N");
     CHECK(create_gpu(&g_gpu_direct) == LM_OK);
+    setenv("LUMEN_CUDA_BF16_COPY", "0", 1);
+    CHECK(create_gpu(&g_gpu_nocopy) == LM_OK);
+    if (copy_env[0]) setenv("LUMEN_CUDA_BF16_COPY", copy_env, 1);
+    else unsetenv("LUMEN_CUDA_BF16_COPY");
     unsetenv("LUMEN_CUDA_GRAPHS");
     unsetenv("LUMEN_CUDA_FUSED");
     CHECK(lm_backend_cpu_create(2, &g_cpu) == LM_OK);
@@ -1394,6 +1421,7 @@ int main(void) {
     test_memory();
     test_get_rows();
     test_matmul();
+    test_matmul_without_copies();
     test_rms_norm();
     test_add_rms_norm();
     test_arith();
@@ -1409,6 +1437,7 @@ int main(void) {
     printf("%d comparisons, %d over tolerance\n", g_n_checks, g_n_bad);
     lm_backend_free(g_gpu);
     lm_backend_free(g_gpu_direct);
+    lm_backend_free(g_gpu_nocopy);
     lm_backend_free(g_gpu_gemm);
     lm_backend_free(g_gpu_gemm_direct);
     lm_backend_free(g_cpu);

@@ -538,11 +538,20 @@ static void cuda_weight_free(lm_backend *b, lm_weight *w) {
  * (pack_next links them), so that the GEMM path runs them as one product
  * (cuda_matmul.cu). Only weights of one format and width, each a whole number of
  * 256-byte units (every kernel's alignment holds at any member's start); otherwise,
- * or when memory is short, they stay where they are. */
+ * or when memory is short, they stay where they are. Weights of one width are a copy
+ * set whatever their formats (copy_next links them): their bf16 copies, if made, are
+ * one allocation, which the GEMM path runs as one product too. */
 static void cuda_weight_pack(lm_backend *b, lm_weight *const *w, int n_w) {
     lm_cuda_backend *cu = lm_cuda(b);
     lm_cuda_enter(cu);
     if (n_w < 2) return;
+    bool copy_set = true;
+    for (int i = 0; i < n_w; i++)
+        copy_set = copy_set && w[i]->cols == w[0]->cols && !w[i]->copy_first && !w[i]->bf16_decided;
+    for (int i = 0; copy_set && i < n_w; i++) {
+        w[i]->copy_next = i + 1 < n_w ? w[i + 1] : NULL;
+        w[i]->copy_first = w[0];
+    }
     size_t total = 0;
     for (int i = 0; i < n_w; i++) {
         const size_t bytes = (size_t)w[i]->rows * w[i]->row_bytes;

@@ -262,10 +262,16 @@ struct lm_weight {
                                   * lm_cuda_mvq_wide_fill), or NULL             */
     const lm_weight *pack_first; /* weight_pack: the first weight of this one's pack
                                   * (itself for the first), or NULL            */
+    const lm_weight *copy_next;  /* weight_pack's set whatever its formats (one
+                                  * width): the next weight, whose bf16 copy follows
+                                  * this one's in the same allocation, or NULL    */
+    const lm_weight *copy_first; /* that set's first weight, or NULL             */
     /* A quantized or f16 weight's rows decoded to bf16 once, at its first product,
      * where the budget allows (cuda_matmul.cu, copy_decide): read by the GEMM path and,
-     * for quantized weights, the tensor-core path. A packed weight's points into its
-     * pack's copy, which the pack's first weight holds. */
+     * for quantized weights, the tensor-core path. A weight_pack set's copies are one
+     * allocation, in order (so one GEMM takes them all, even where their formats kept
+     * them from being packed: a Q4_K_M file's Q4_K Q and K and Q6_K V), held by the
+     * set's first weight. */
     mutable const __nv_bfloat16 *bf16;
     mutable size_t bf16_bytes;   /* the copy's bytes where this weight holds it, else 0 */
     mutable bool bf16_decided;   /* its first product has come: copy or not, for good */

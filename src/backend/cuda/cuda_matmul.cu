@@ -523,14 +523,14 @@ enum : size_t { BF16_COPY_MARGIN = (size_t)2 << 30 };
  * the GEMM path's tiles and the tensor-core kernel decode: the same bf16 values, so
  * those paths give the same bits from it. */
 static void copy_decide(lm_cuda_backend *cu, const lm_weight *w) {
-    const lm_weight *first = w->pack_first ? w->pack_first : w;
+    const lm_weight *first = w->copy_first ? w->copy_first : w;
     if (first->bf16_decided) return;
     first->bf16_decided = true;
     if (!cu->bf16_budget || w->type == LM_DTYPE_BF16 || w->type == LM_DTYPE_F32 ||
         cu->pass_mode == LM_CUDA_PASS_CAPTURE)
         return;
     int64_t rows = 0;
-    for (const lm_weight *m = first; m; m = w->pack_first ? m->pack_next : NULL) rows += m->rows;
+    for (const lm_weight *m = first; m; m = m->copy_next) rows += m->rows;
     const size_t bytes = (size_t)rows * (size_t)w->cols * 2;
     size_t free_b = 0, total_b = 0;
     int cur = -1; /* the current device is the host thread's (matmul_swiglu decides before entering) */
@@ -542,17 +542,19 @@ static void copy_decide(lm_cuda_backend *cu, const lm_weight *w) {
     }
     __nv_bfloat16 *p = (__nv_bfloat16 *)lm_cuda_weight_alloc(cu, bytes);
     if (!p) return;
-    lm_weight span = *first;
-    span.rows = rows;
-    dispatch_dequant_bf16(cu, &span, 0, rows, p);
+    int64_t r0 = 0;
+    for (const lm_weight *m = first; m && !cu->err; m = m->copy_next) {
+        dispatch_dequant_bf16(cu, m, 0, m->rows, p + r0 * w->cols); /* each in its own format */
+        r0 += m->rows;
+    }
     if (cu->err) {
         cudaFree(p);
         return;
     }
     first->bf16_bytes = bytes;
     cu->bf16_used += bytes;
-    int64_t r0 = 0;
-    for (const lm_weight *m = first; m; m = w->pack_first ? m->pack_next : NULL) {
+    r0 = 0;
+    for (const lm_weight *m = first; m; m = m->copy_next) {
         m->bf16 = p + r0 * w->cols;
         r0 += m->rows;
     }
@@ -711,18 +713,28 @@ static lm_dtype tc_type(const lm_weight *w) { return reads_copy(w) ? LM_DTYPE_BF
 /* w[0..n_w) packed side by side (weight_pack) on the GEMM path for n tokens: one
  * product over all their rows, where separate ones would each pay a small GEMM's
  * latency (measured on the H200 at 64 columns: Q, K and V of a 1.5B model 19.7 us
- * apart, 6.7 us as one; gate and up 20.9 vs 18.1). A function of the weights, their
- * outputs' alignment and n only. Quantized packs are decoded whole: at most 64 MiB. */
+ * apart, 6.7 us as one; gate and up 20.9 vs 18.1). Or their bf16 copies side by side
+ * (a copy set's, whatever the formats: copy_decide). A function of the weights, their
+ * outputs' alignment and n only. Quantized packs without copies are decoded whole: at
+ * most 64 MiB. */
+static bool copies_adjacent(const lm_weight *const *w, int n_w) {
+    for (int i = 0; i < n_w; i++)
+        if (!w[i]->bf16 || (i > 0 && w[i]->bf16 != w[i - 1]->bf16 + w[i - 1]->rows * w[i - 1]->cols)) return false;
+    return true;
+}
+
 static bool gemm_packed(const lm_cuda_backend *cu, const lm_weight *const *w, int n_w, int64_t n, float *const *y) {
-    if (n_w < 2 || n_w > MV_MAX_SET || path_of(cu, w[0], n) != PATH_GEMM) return false;
+    if (n_w < 2 || n_w > MV_MAX_SET) return false;
+    const bool copies = copies_adjacent(w, n_w);
     int64_t rows_all = 0;
     for (int i = 0; i < n_w; i++) {
-        if ((i > 0 && w[i - 1]->pack_next != w[i]) || w[i]->rows % 4 != 0 || ((uintptr_t)y[i] & 15) != 0)
+        if ((i > 0 && w[i - 1]->pack_next != w[i] && !copies) || path_of(cu, w[i], n) != PATH_GEMM ||
+            w[i]->rows % 4 != 0 || ((uintptr_t)y[i] & 15) != 0)
             return false;
         rows_all += w[i]->rows;
     }
     const bool in_place = w[0]->type == LM_DTYPE_BF16 || w[0]->type == LM_DTYPE_F32;
-    return in_place || rows_all * w[0]->cols * 2 <= (64LL << 20);
+    return in_place || copies || rows_all * w[0]->cols * 2 <= (64LL << 20);
 }
 
 /* Tokens [t0, t0 + nv) of a packed product, ys [nv][rows_all] (row counts multiples of
@@ -780,12 +792,9 @@ static void packed_run(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, 
     const void *xs = gemm_prepare_x(cu, f32, x, n, cols);
     if (!xs) return;
     const void *A = w[0]->data;
-    /* the pack's copy when these are its weights from its first (they are whole) */
-    const __nv_bfloat16 *copy =
-        !in_place && w[0]->pack_first == w[0] && !w[n_w - 1]->pack_next ? w[0]->bf16 : NULL;
-    if (copy) {
-        A = copy;
-    } else if (!in_place) {
+    if (!in_place && copies_adjacent(w, n_w)) {
+        A = w[0]->bf16;
+    } else if (!in_place) { /* a pack of one format (gemm_packed) */
         __nv_bfloat16 *wt = (__nv_bfloat16 *)lm_cuda_scratch(cu, LM_CUDA_SCR_WTILE, (size_t)(rows_all * cols) * 2);
         if (!wt) return;
         lm_weight span = *w[0];
