@@ -32,14 +32,14 @@ static lm_backend *g_cpu, *g_gpu, *g_gpu_direct; /* direct: no graphs, no fused 
  * cuBLAS GEMMs (inside recorded graphs too) */
 static lm_backend *g_gpu_gemm, *g_gpu_gemm_direct;
 static lm_backend *g_gpu_nocopy; /* LUMEN_CUDA_BF16_COPY=0 */
+static lm_backend *g_gpu_tc;     /* LUMEN_CUDA_TC_MAX_N=32 */
 static uint64_t g_rng = 0x5eed;
 static int64_t g_mv_max_n = 4;    /* the CUDA backend's defaults: LUMEN_CUDA_MV_MAX_N, */
 static int64_t g_mv_max_n_q = 8;  /* (quantized weights; the variable sets both)       */
-static int64_t g_tc_max_n = 8;    /* LUMEN_CUDA_TC_MAX_N,                              */
+static int64_t g_tc_max_n = 0;    /* LUMEN_CUDA_TC_MAX_N,                              */
 static int64_t g_tc_max_n_q = 0;  /* (quantized weights: none; the variable sets both)  */
-static int64_t g_mv_max_n_c = 4;  /* quantized weights with a bf16 copy, which then take */
-static bool g_copies = true;      /* the tensor cores up to g_tc_max_n (copies: unless   */
-                                  /* LUMEN_CUDA_BF16_COPY=0; the test's weights are small) */
+static int64_t g_mv_max_n_c = 4;  /* quantized weights with a bf16 copy (made unless     */
+static bool g_copies = true;      /* LUMEN_CUDA_BF16_COPY=0: the test's weights are small) */
 static int64_t g_attn_dec_min;    /* the decode attention from this many tokens (main)  */
 static int64_t g_gemm_chunk = 64; /* LUMEN_CUDA_GEMM_CHUNK                             */
 
@@ -618,6 +618,25 @@ static void test_matmul_without_copies(void) {
     test_q8_handoff(LM_DTYPE_Q4_K, 1536, 8960, 256);
     test_matmul_many(LM_DTYPE_Q4_K, LM_DTYPE_Q6_K, true);
     g_gpu = with, g_copies = copies;
+}
+
+/* The tensor-core kernel (cuda_matmul_tc.cu), which no product takes by default (the
+ * GEMMs measured faster), on a backend that gives it up to 32 tokens
+ * (LUMEN_CUDA_TC_MAX_N=32, as the batch-invariant configurations do): every format
+ * against the CPU, batch-invariant within it; quantized weights read from their
+ * copies, packed sets and swiglu as one product. */
+static void test_matmul_tensor_cores(void) {
+    lm_backend *main_gpu = g_gpu;
+    const int64_t tc = g_tc_max_n, tc_q = g_tc_max_n_q;
+    g_gpu = g_gpu_tc, g_tc_max_n = g_tc_max_n_q = 32;
+    printf("  tensor cores to 32 tokens:\n");
+    static const lm_dtype types[] = {LM_DTYPE_F16, LM_DTYPE_BF16, LM_DTYPE_Q4_K, LM_DTYPE_Q6_K, LM_DTYPE_Q8_0};
+    static const int64_t ns[] = {1, 5, 8, 16, 32, 40};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) test_matmul_type(types[i], 200, 512, ns, 6);
+    test_matmul_many(LM_DTYPE_BF16, LM_DTYPE_BF16, true);
+    test_matmul_many(LM_DTYPE_Q4_K, LM_DTYPE_Q6_K, true);
+    test_matmul_swiglu(LM_DTYPE_BF16, 512, true, 72);
+    g_gpu = main_gpu, g_tc_max_n = tc, g_tc_max_n_q = tc_q;
 }
 
 static void test_get_rows(void) {
@@ -1377,7 +1396,7 @@ int main(void) {
     /* as the backend decides it (cuda_backend.cu, LUMEN_CUDA_ATTN_DEC) */
     const char *dec = getenv("LUMEN_CUDA_ATTN_DEC");
     g_attn_dec_min = dec && dec[0] ? (atoll(dec) > 0 ? atoll(dec) : INT64_MAX)
-                                   : g_mv_max_n > g_tc_max_n ? g_mv_max_n + 1 : 1;
+                                   : g_mv_max_n >= 512 ? g_mv_max_n + 1 : 1;
     const char *chunk = getenv("LUMEN_CUDA_GEMM_CHUNK"); /* as the backend reads it */
     if (chunk && atoll(chunk) >= 16 && atoll(chunk) <= 4096) g_gemm_chunk = atoll(chunk) / 16 * 16;
     char tc_env[32];
@@ -1408,6 +1427,10 @@ int main(void) {
     CHECK(create_gpu(&g_gpu_nocopy) == LM_OK);
     if (copy_env[0]) setenv("LUMEN_CUDA_BF16_COPY", copy_env, 1);
     else unsetenv("LUMEN_CUDA_BF16_COPY");
+    setenv("LUMEN_CUDA_TC_MAX_N", "32", 1);
+    CHECK(create_gpu(&g_gpu_tc) == LM_OK);
+    if (tc_env[0]) setenv("LUMEN_CUDA_TC_MAX_N", tc_env, 1);
+    else unsetenv("LUMEN_CUDA_TC_MAX_N");
     unsetenv("LUMEN_CUDA_GRAPHS");
     unsetenv("LUMEN_CUDA_FUSED");
     CHECK(lm_backend_cpu_create(2, &g_cpu) == LM_OK);
@@ -1422,6 +1445,7 @@ int main(void) {
     test_get_rows();
     test_matmul();
     test_matmul_without_copies();
+    test_matmul_tensor_cores();
     test_rms_norm();
     test_add_rms_norm();
     test_arith();
@@ -1438,6 +1462,7 @@ int main(void) {
     lm_backend_free(g_gpu);
     lm_backend_free(g_gpu_direct);
     lm_backend_free(g_gpu_nocopy);
+    lm_backend_free(g_gpu_tc);
     lm_backend_free(g_gpu_gemm);
     lm_backend_free(g_gpu_gemm_direct);
     lm_backend_free(g_cpu);

@@ -726,11 +726,12 @@ extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
      * 512-token prefill measured slower than direct launches (cause not established) */
     const char *rec = getenv("LUMEN_CUDA_RECORD_MAX_N");
     cu->record_max_n = rec && atoll(rec) > 0 ? atoll(rec) : 256;
-    /* exact f32 products up to this many tokens: 4 for 16-bit and f32 weights, 8 for
-     * quantized ones, 4 for quantized ones with a bf16 copy (Q4_K_M 1.5B on the H200,
-     * one call: x4 2,106-2,109 tokens/s against 1,906-1,929 on the tensor cores; x6
-     * 2,287-2,300 against 2,614-2,636) (cuda_matmul.cu, path_of); LUMEN_CUDA_MV_MAX_N
-     * sets all three */
+    /* exact f32 products up to this many tokens, the GEMMs beyond: 4 for 16-bit and
+     * f32 weights and for quantized ones with a bf16 copy, 8 for quantized ones
+     * without (cuda_matmul.cu, path_of); LUMEN_CUDA_MV_MAX_N sets all three. Measured
+     * since (H200, 1.5B-shaped, one call, tokens/s, here vs the GEMMs): bf16 x2 1,195
+     * vs 1,153, x3 1,415 vs 1,727, x4 1,635 vs 2,308-2,310; Q4_K_M x3 1,772 vs 1,702,
+     * x4 2,114 vs 2,206: 2 and 3 would be faster, not yet run through the op tests */
     const char *mv = getenv("LUMEN_CUDA_MV_MAX_N");
     const bool mv_set = mv && mv[0] && atoll(mv) >= 0;
     cu->mv_max_n = mv_set ? atoll(mv) : 4;
@@ -751,17 +752,16 @@ extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
     cu->mvq_wide = !(mvq_wide && strcmp(mvq_wide, "0") == 0);
     const char *handoff = getenv("LUMEN_CUDA_Q8_HANDOFF"); /* 0: down products over f32 activations */
     cu->q8_handoff = !(handoff && strcmp(handoff, "0") == 0);
-    /* tensor-core products up to this many tokens: 8 for 16-bit weights and the bf16
-     * copies of quantized ones, the GEMMs beyond (H200, 1.5B-shaped, one call each,
-     * tokens/s: bf16 x12 5,018-5,027 -> 6,739, x16 6,478 -> 8,908-8,916, x32 8,443-8,447
-     * -> 16,827-17,160 with the GEMMs instead of the tensor-core kernel, whose limit
-     * had been 32 since the third session; Q4_K_M's copies x8 3,790-3,798 against 2,557
-     * on the matrix-vector kernel); none for quantized weights without a copy, which go
-     * from the matrix-vector kernel to the GEMMs (cuda_matmul.cu, path_of);
-     * LUMEN_CUDA_TC_MAX_N sets both */
+    /* tensor-core products up to this many tokens above the matrix-vector path: none by
+     * default, the GEMMs measured faster at every size (H200, 1.5B-shaped, one call
+     * each, tokens/s, the tensor cores vs the GEMMs: bf16 x8 3,816-3,817 vs 4,546-4,560,
+     * x16 6,478 vs 8,908-8,916, x32 8,443-8,447 vs 16,827-17,160; Q4_K_M from its bf16
+     * copies x6 2,632 vs 3,357-3,359, x8 3,810 vs 4,438-4,443; the limit had been 32
+     * for 16-bit weights since the third session); LUMEN_CUDA_TC_MAX_N sets it for
+     * 16-bit weights and copies (tc_max_n) and quantized weights without (_quant) */
     const char *tc = getenv("LUMEN_CUDA_TC_MAX_N");
     const bool tc_set = tc && tc[0] && atoll(tc) >= 0;
-    cu->tc_max_n = tc_set ? atoll(tc) : 8;
+    cu->tc_max_n = tc_set ? atoll(tc) : 0;
     cu->tc_max_n_quant = tc_set ? atoll(tc) : 0;
     const char *prof = getenv("LUMEN_CUDA_PROFILE_N"); /* see lm_cuda_pass_begin */
     cu->profile_n = prof && atoll(prof) > 0 ? atoll(prof) : 0;
@@ -769,11 +769,11 @@ extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
     cu->gemm_chunk = chunk && atoll(chunk) >= 16 && atoll(chunk) <= 4096 ? atoll(chunk) / 16 * 16 : 64;
     /* LUMEN_CUDA_ATTN_DEC: the tensor-core decode attention from this many tokens
      * (0: never; default: every decode batch, cuda_attention_dec.cu; but when the
-     * matrix-vector path serves more tokens than the tensor-core one, as in the bit
-     * batch-invariant configuration LUMEN_CUDA_MV_MAX_N=1e9, only above that: a decode
-     * step then attends as the prompt's tokens do, in the scalar kernel) */
+     * matrix-vector path serves whole prompts (LUMEN_CUDA_MV_MAX_N of 512 or more, as
+     * in the bit batch-invariant configuration LUMEN_CUDA_MV_MAX_N=1e9), only above
+     * that: a decode step then attends as the prompt's tokens do, in the scalar kernel) */
     const char *dec = getenv("LUMEN_CUDA_ATTN_DEC");
-    const int64_t dec_default = cu->mv_max_n > cu->tc_max_n ? cu->mv_max_n + 1 : 1;
+    const int64_t dec_default = cu->mv_max_n >= 512 ? cu->mv_max_n + 1 : 1;
     cu->attn_dec_min_n = dec && dec[0] ? (atoll(dec) > 0 ? atoll(dec) : INT64_MAX) : dec_default;
     /* LUMEN_CUDA_ATTN_DEC_WARPS=4 or 8: that kernel's warps a block (default: by the
      * batch's size, lm_cuda_attention_dec) */

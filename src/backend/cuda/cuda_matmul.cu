@@ -12,13 +12,12 @@
  *
  *  - matrix-vector (n <= mv_max_n: 4 for f32 and 16-bit weights and for quantized
  *    ones with a bf16 copy, 8 for quantized ones without, unless LUMEN_CUDA_MV_MAX_N
- *    says otherwise): decode of a few sequences. The tensor-core kernel decodes a
- *    quantized weight element by element for each group of tokens, so 8 tokens here
- *    were faster (twentieth session, Q4_K_M 1.5B at 8 sequences: 2,537-2,539 vs
- *    1,845-1,851 tokens/s, the same call; beyond 8 they take the GEMMs, below); from
- *    a copy the tensor cores were faster from 5 (twenty-first session, Q4_K_M: x6
- *    2,614-2,636 vs 2,287-2,300, x8 3,790-3,798 vs 2,557; x4 1,906-1,929 vs
- *    2,106-2,109 here). A row per warp (or per 2-4 warps when the row is long),
+ *    says otherwise): decode of a few sequences. Without a copy, 8 tokens here beat
+ *    the tensor-core kernel, which decodes a quantized weight element by element for
+ *    each group of tokens (twentieth session, Q4_K_M 1.5B at 8 sequences: 2,537-2,539
+ *    vs 1,845-1,851 tokens/s, the same call); with one, the GEMMs on it beat 6 and 8
+ *    tokens here (twenty-first session, Q4_K_M: x6 3,357-3,359 vs 2,287-2,300, x8
+ *    4,438-4,443 vs 2,557). A row per warp (or per 2-4 warps when the row is long),
  *    the weight decoded on the fly eight elements per lane (deq8), f32 fused
  *    multiply-adds against up to 8 tokens at once while the decoded weights sit in
  *    registers. Exact f32 arithmetic on the exactly decoded weights, except Q4_K
@@ -87,17 +86,18 @@
  *    slot waited for whole), the head 110 vs 107.5. Short-lived blocks with their
  *    words in registers keep more bytes in flight than a ring an SM; dropped.
  *
- *  - tensor cores (n <= tc_max_n, 8 unless LUMEN_CUDA_TC_MAX_N says otherwise; every
- *    format but F32, widths a multiple of 32): decode of 5-8 sequences of 16-bit
- *    weights, and of quantized weights with a bf16 copy (copy_decide), read as the
- *    bf16 weights their copies are (tc_run). Up to the twenty-first session 16-bit
- *    weights took it up to 32 tokens; the GEMMs on the same weights then measured
- *    faster from 12 (H200, bf16 1.5B-shaped, one call, tokens/s: 12 sequences 5,018-
- *    5,027 vs 6,739, 16 6,478 vs 8,908-8,916, 32 8,443-8,447 vs 16,827-17,160).
- *    Quantized weights without a copy never take it unless LUMEN_CUDA_TC_MAX_N says
- *    so: decoding every element per group of tokens, the kernel lost to the GEMM
- *    path's decode to bf16 tiles from 9 tokens on (twentieth session, Q4_K_M: 12
- *    sequences 2,672 vs 3,415, 16 3,426 vs 4,514, 32 5,196-5,208 vs 8,917).
+ *  - tensor cores (n <= tc_max_n: none unless LUMEN_CUDA_TC_MAX_N says so; every
+ *    format but F32, widths a multiple of 32), quantized weights with a bf16 copy
+ *    (copy_decide) read as the bf16 weights their copies are (tc_run). Up to the
+ *    twenty-first session 16-bit weights took it for 5-32 tokens; the GEMMs on the
+ *    same weights then measured faster at every size (H200, bf16 1.5B-shaped, one call
+ *    each, tokens/s: 8 sequences 3,816-3,817 vs 4,546-4,560, 12 5,018-5,027 vs 6,739,
+ *    16 6,478 vs 8,908-8,916, 32 8,443-8,447 vs 16,827-17,160; Q4_K_M from its copies
+ *    x6 2,632 vs 3,357-3,359, x8 3,810 vs 4,438-4,443). Quantized weights without a
+ *    copy had lost to the GEMMs' tiles from 9 tokens on (twentieth session, Q4_K_M: 12
+ *    sequences 2,672 vs 3,415, 16 3,426 vs 4,514, 32 5,196-5,208 vs 8,917). Kept for
+ *    the batch-invariant configurations (below) and checked by the op tests on a
+ *    backend with LUMEN_CUDA_TC_MAX_N=32.
  *    cuda_matmul_tc.cu: weights decoded in registers, bf16 activations, f32 sums,
  *    bit batch-invariant for every n it serves (LUMEN_CUDA_MV_MAX_N=0 with
  *    LUMEN_CUDA_TC_MAX_N=256 makes every decode batch up to 256 take it: decode
