@@ -241,6 +241,10 @@ static lm_status forward_body(const lm_model_internal *m, lm_kv_cache *kv, const
             float *out[3] = {s.q, s.k, s.v};
             TRY(matmul_many(b, qkv, 3, s.xn, n, out));
         }
+        if (op->prefetch) { /* the products after the attention, which reads few bytes */
+            const lm_weight *next[3] = {w->wo, w->w_gate, w->w_up};
+            op->prefetch(b, next, 3, n);
+        }
         float theta = swa ? hp->rope_theta_local : hp->rope_theta;
         float fscale = swa ? 1.0f : hp->rope_freq_scale;
         if (op->qkv_finish) {

@@ -33,6 +33,7 @@ static lm_backend *g_cpu, *g_gpu, *g_gpu_direct; /* direct: no graphs, no fused 
 static lm_backend *g_gpu_gemm, *g_gpu_gemm_direct;
 static lm_backend *g_gpu_nocopy; /* LUMEN_CUDA_BF16_COPY=0 */
 static lm_backend *g_gpu_tc;     /* LUMEN_CUDA_TC_MAX_N=32 */
+static lm_backend *g_gpu_ahead;  /* LUMEN_CUDA_L2_AHEAD=64 */
 static uint64_t g_rng = 0x5eed;
 static int64_t g_mv_max_n = 4;    /* the CUDA backend's defaults: LUMEN_CUDA_MV_MAX_N, */
 static int64_t g_mv_max_n_q = 8;  /* (quantized weights; the variable sets both)       */
@@ -1190,10 +1191,13 @@ static bool graphs_equal_direct(lm_backend *graphs, lm_backend *direct, const ch
 static void test_graphs_equal_direct(const char *path, lm_dtype kv_type, const char *what) {
     bool same = graphs_equal_direct(g_gpu, g_gpu_direct, path, kv_type);
     bool same_gemm = graphs_equal_direct(g_gpu_gemm, g_gpu_gemm_direct, path, kv_type);
+    /* the weights requested into L2 on a second stream, a branch of the recordings */
+    bool same_ahead = graphs_equal_direct(g_gpu_ahead, g_gpu_direct, path, kv_type);
     printf("  %-10s %-40s %s\n", "graphs", what,
-           same && same_gemm ? "graphs + fused == op by op (bit-equal)" : "DIFFER");
+           same && same_gemm && same_ahead ? "graphs + fused (+ L2 prefetch) == op by op (bit-equal)" : "DIFFER");
     CHECK(same);
     CHECK(same_gemm);
+    CHECK(same_ahead);
 }
 
 static int64_t argmax_row(const float *x, int64_t n) {
@@ -1427,6 +1431,13 @@ int main(void) {
     CHECK(create_gpu(&g_gpu_nocopy) == LM_OK);
     if (copy_env[0]) setenv("LUMEN_CUDA_BF16_COPY", copy_env, 1);
     else unsetenv("LUMEN_CUDA_BF16_COPY");
+    const char *ahead = getenv("LUMEN_CUDA_L2_AHEAD");
+    char ahead_env[32];
+    snprintf(ahead_env, sizeof ahead_env, "%s", ahead ? ahead : "");
+    setenv("LUMEN_CUDA_L2_AHEAD", "64", 1);
+    CHECK(create_gpu(&g_gpu_ahead) == LM_OK);
+    if (ahead_env[0]) setenv("LUMEN_CUDA_L2_AHEAD", ahead_env, 1);
+    else unsetenv("LUMEN_CUDA_L2_AHEAD");
     setenv("LUMEN_CUDA_TC_MAX_N", "32", 1);
     CHECK(create_gpu(&g_gpu_tc) == LM_OK);
     if (tc_env[0]) setenv("LUMEN_CUDA_TC_MAX_N", tc_env, 1);
@@ -1463,6 +1474,7 @@ int main(void) {
     lm_backend_free(g_gpu_direct);
     lm_backend_free(g_gpu_nocopy);
     lm_backend_free(g_gpu_tc);
+    lm_backend_free(g_gpu_ahead);
     lm_backend_free(g_gpu_gemm);
     lm_backend_free(g_gpu_gemm_direct);
     lm_backend_free(g_cpu);

@@ -623,6 +623,7 @@ static void cuda_destroy(lm_backend *b) {
     lm_cuda_decode_profile_print(cu);
     lm_cuda_attention_profile_print(cu);
     lm_cuda_graphs_free(cu);
+    lm_cuda_prefetch_free(cu);
     if (cu->cublas) cublasDestroy(cu->cublas);
     if (cu->cublaslt) cublasLtDestroy(cu->cublaslt);
     if (cu->cublas_ws) cudaFree(cu->cublas_ws);
@@ -673,6 +674,7 @@ static void init_ops(lm_backend_ops *o, bool fused) {
     o->pass_begin = lm_cuda_pass_begin;
     o->pass_end = lm_cuda_pass_end;
     o->logits_topk = lm_cuda_logits_topk;
+    o->prefetch = lm_cuda_prefetch;
     /* LUMEN_CUDA_DECODE_STEP=1: one-token passes as one persistent kernel (not yet
      * faster than op by op: off by default, and the forward pass then never asks) */
     const char *step = getenv("LUMEN_CUDA_DECODE_STEP");
@@ -742,6 +744,10 @@ extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
      * sequences: 17.6k -> 30.0k tokens/s), up to a quarter of the device's memory
      * (35 GB of an H200: the copies of a 17B-parameter model), so a context made later
      * still finds room; LUMEN_CUDA_BF16_COPY=MiB sets the budget, 0: none */
+    /* LUMEN_CUDA_L2_AHEAD=MiB: the next products' weights requested into L2 while the
+     * attention before them runs (cuda_prefetch.cu); off until measured */
+    const char *ahead = getenv("LUMEN_CUDA_L2_AHEAD");
+    cu->l2_ahead = ahead && atoll(ahead) > 0 ? (size_t)atoll(ahead) << 20 : 0;
     const char *bc = getenv("LUMEN_CUDA_BF16_COPY");
     cu->bf16_budget = bc && bc[0] ? (atoll(bc) > 0 ? (size_t)atoll(bc) << 20 : 0) : cu->total_mem / 4;
     const char *stage = getenv("LUMEN_CUDA_MV_STAGE"); /* 0: quantized rows read in place */
