@@ -545,9 +545,11 @@ static void cuda_weight_pack(lm_backend *b, lm_weight *const *w, int n_w) {
     lm_cuda_backend *cu = lm_cuda(b);
     lm_cuda_enter(cu);
     if (n_w < 2) return;
+    /* not with F32 weights, whose products stay in f32 */
     bool copy_set = true;
     for (int i = 0; i < n_w; i++)
-        copy_set = copy_set && w[i]->cols == w[0]->cols && !w[i]->copy_first && !w[i]->bf16_decided;
+        copy_set = copy_set && w[i]->cols == w[0]->cols && w[i]->type != LM_DTYPE_F32 && !w[i]->copy_first &&
+                   !w[i]->bf16_decided;
     for (int i = 0; copy_set && i < n_w; i++) {
         w[i]->copy_next = i + 1 < n_w ? w[i + 1] : NULL;
         w[i]->copy_first = w[0];
@@ -739,15 +741,15 @@ extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
     cu->mv_max_n = mv_set ? atoll(mv) : 4;
     cu->mv_max_n_quant = mv_set ? atoll(mv) : 8;
     cu->mv_max_n_copy = mv_set ? atoll(mv) : 4;
-    /* quantized and f16 weights decoded to bf16 once for the GEMM path instead of a
-     * tile at a time in every product (cuda_matmul.cu, bf16_copy; Q4_K_M at 64
-     * sequences: 17.6k -> 30.0k tokens/s), up to a quarter of the device's memory
-     * (35 GB of an H200: the copies of a 17B-parameter model), so a context made later
-     * still finds room; LUMEN_CUDA_BF16_COPY=MiB sets the budget, 0: none */
     /* LUMEN_CUDA_L2_AHEAD=MiB: the next products' weights requested into L2 while the
      * attention before them runs (cuda_prefetch.cu); off until measured */
     const char *ahead = getenv("LUMEN_CUDA_L2_AHEAD");
     cu->l2_ahead = ahead && atoll(ahead) > 0 ? (size_t)atoll(ahead) << 20 : 0;
+    /* quantized and f16 weights decoded to bf16 once for the GEMM path instead of a
+     * tile at a time in every product (cuda_matmul.cu, copy_decide; Q4_K_M at 64
+     * sequences: 17.6k -> 30.0k tokens/s), up to a quarter of the device's memory
+     * (35 GB of an H200: the copies of a 17B-parameter model), so a context made later
+     * still finds room; LUMEN_CUDA_BF16_COPY=MiB sets the budget, 0: none */
     const char *bc = getenv("LUMEN_CUDA_BF16_COPY");
     cu->bf16_budget = bc && bc[0] ? (atoll(bc) > 0 ? (size_t)atoll(bc) << 20 : 0) : cu->total_mem / 4;
     const char *stage = getenv("LUMEN_CUDA_MV_STAGE"); /* 0: quantized rows read in place */

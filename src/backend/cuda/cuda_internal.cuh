@@ -141,8 +141,7 @@ typedef struct lm_cuda_backend {
     lm_cuda_rope_key rope_key[LM_CUDA_SCR_ROPE_LAST - LM_CUDA_SCR_ROPE + 1]; /* what the RoPE slots hold */
     int64_t mv_max_n;  /* matmul: exact f32 matrix-vector kernel up to this many tokens */
     int64_t mv_max_n_quant; /* the same for quantized weights (path_of, cuda_matmul.cu) */
-    int64_t mv_max_n_copy;  /* the same for quantized weights with a bf16 copy, which
-                             * take the 16-bit tensor-core path above it */
+    int64_t mv_max_n_copy;  /* the same for quantized weights with a bf16 copy */
     bool mvq;          /* matmul: Q4_K/Q6_K there over 8-bit activations (cuda_matmul_q8.cu; LUMEN_CUDA_MVQ=0: not) */
     bool mvq_wide;     /* matmul: a Q6_K head's interleaved copy for the 8-bit kernel (LUMEN_CUDA_MVQ_WIDE=0: not) */
     bool mv_stage;     /* matmul: one token's quantized rows staged in shared memory (LUMEN_CUDA_MV_STAGE=0: not) */

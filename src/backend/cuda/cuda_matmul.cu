@@ -526,9 +526,10 @@ static void copy_decide(lm_cuda_backend *cu, const lm_weight *w) {
     const lm_weight *first = w->copy_first ? w->copy_first : w;
     if (first->bf16_decided) return;
     first->bf16_decided = true;
-    if (!cu->bf16_budget || w->type == LM_DTYPE_BF16 || w->type == LM_DTYPE_F32 ||
-        cu->pass_mode == LM_CUDA_PASS_CAPTURE)
-        return;
+    bool decoded = false; /* a member the GEMMs would decode (weight_pack keeps F32 out of sets) */
+    for (const lm_weight *m = first; m; m = m->copy_next)
+        decoded = decoded || (m->type != LM_DTYPE_BF16 && m->type != LM_DTYPE_F32);
+    if (!decoded || !cu->bf16_budget || cu->pass_mode == LM_CUDA_PASS_CAPTURE) return;
     int64_t rows = 0;
     for (const lm_weight *m = first; m; m = m->copy_next) rows += m->rows;
     const size_t bytes = (size_t)rows * (size_t)w->cols * 2;
@@ -670,8 +671,6 @@ static lm_status matmul_begin(lm_cuda_backend *cu, const float *x) {
 
 typedef enum { PATH_MV, PATH_TC, PATH_GEMM } matmul_path;
 
-/* The kernel of n tokens through w: a function of the backend's settings, the weight
- * and n only (so of no other token in the batch). */
 static bool is_wide(const lm_weight *w) {
     return w->type == LM_DTYPE_F32 || w->type == LM_DTYPE_F16 || w->type == LM_DTYPE_BF16;
 }
@@ -680,6 +679,8 @@ static bool is_wide(const lm_weight *w) {
  * above the matrix-vector path (which keeps reading the quantized rows: fewer bytes). */
 static bool reads_copy(const lm_weight *w) { return w->bf16 && !is_wide(w); }
 
+/* The kernel of n tokens through w: a function of the backend's settings, the weight
+ * and n only (so of no other token in the batch). */
 static matmul_path path_of(const lm_cuda_backend *cu, const lm_weight *w, int64_t n) {
     const bool wide = is_wide(w), copy = reads_copy(w);
     if (n <= (wide ? cu->mv_max_n : copy ? cu->mv_max_n_copy : cu->mv_max_n_quant)) return PATH_MV;
@@ -726,15 +727,15 @@ static bool copies_adjacent(const lm_weight *const *w, int n_w) {
 static bool gemm_packed(const lm_cuda_backend *cu, const lm_weight *const *w, int n_w, int64_t n, float *const *y) {
     if (n_w < 2 || n_w > MV_MAX_SET) return false;
     const bool copies = copies_adjacent(w, n_w);
+    bool packed = true;
     int64_t rows_all = 0;
     for (int i = 0; i < n_w; i++) {
-        if ((i > 0 && w[i - 1]->pack_next != w[i] && !copies) || path_of(cu, w[i], n) != PATH_GEMM ||
-            w[i]->rows % 4 != 0 || ((uintptr_t)y[i] & 15) != 0)
-            return false;
+        packed = packed && (i == 0 || w[i - 1]->pack_next == w[i]);
+        if (path_of(cu, w[i], n) != PATH_GEMM || w[i]->rows % 4 != 0 || ((uintptr_t)y[i] & 15) != 0) return false;
         rows_all += w[i]->rows;
     }
     const bool in_place = w[0]->type == LM_DTYPE_BF16 || w[0]->type == LM_DTYPE_F32;
-    return in_place || copies || rows_all * w[0]->cols * 2 <= (64LL << 20);
+    return copies || (packed && (in_place || rows_all * w[0]->cols * 2 <= (64LL << 20)));
 }
 
 /* Tokens [t0, t0 + nv) of a packed product, ys [nv][rows_all] (row counts multiples of
@@ -791,9 +792,9 @@ static void packed_run(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, 
     const bool f32 = w[0]->type == LM_DTYPE_F32, in_place = f32 || w[0]->type == LM_DTYPE_BF16;
     const void *xs = gemm_prepare_x(cu, f32, x, n, cols);
     if (!xs) return;
-    const void *A = w[0]->data;
-    if (!in_place && copies_adjacent(w, n_w)) {
-        A = w[0]->bf16;
+    const void *A = w[0]->data; /* in place: a pack of BF16 or F32 weights */
+    if (copies_adjacent(w, n_w)) {
+        A = w[0]->bf16; /* F32 weights are in no copy set: f32 is false */
     } else if (!in_place) { /* a pack of one format (gemm_packed) */
         __nv_bfloat16 *wt = (__nv_bfloat16 *)lm_cuda_scratch(cu, LM_CUDA_SCR_WTILE, (size_t)(rows_all * cols) * 2);
         if (!wt) return;
