@@ -13,15 +13,21 @@
  * How: the hint forks a second stream from the main one at its current point (an
  * event), so the prefetch kernel starts once the kernels queued before it (the Q/K/V
  * product) are done, and runs beside the attention; pass_end joins the stream back
- * (a recorded pass's graph gets the prefetch kernels as a branch). The first weight is
- * requested whole, the rest share what is left of LUMEN_CUDA_L2_AHEAD from their
- * first rows (the rows a product's first blocks read). A hint changes no result: it
- * only reads the weights. Off until measured (LUMEN_CUDA_L2_AHEAD=MiB turns it on);
- * passes of up to mv_max_n_quant tokens only (the GEMMs of larger ones read each
- * weight once per chunk of tokens anyway). */
+ * (a recorded pass's graph gets the prefetch kernels as a branch). The forward pass
+ * names the rest of the layer (the output projection, gate and up, down) and the next
+ * layer's Q/K/V (or the head): weights are requested whole, in order, while
+ * LUMEN_CUDA_L2_AHEAD holds them; the first run of equal-sized weights that does not
+ * fit (gate and up, read row by row together) shares what is left from their first
+ * rows (the rows a product's first blocks read), and the rest are left. A bf16 layer
+ * of a 1.5B model is 93.5 MB, more than L2 (50 MB): its budget reaches into gate/up; a
+ * Q4_K_M layer is ~28 MB: all of it and the next Q/K/V, for kernels bound by their
+ * loads' latency rather than by bandwidth. A hint changes no result: it only reads
+ * the weights. Off until measured (LUMEN_CUDA_L2_AHEAD=MiB turns it on); passes of up
+ * to mv_max_n_quant tokens only (the GEMMs of larger ones read each weight once per
+ * chunk of tokens anyway). */
 #include "backend/cuda/cuda_internal.cuh"
 
-enum { PF_MAX = 4, PF_PIECE = 64 * 1024, PF_THREADS = 32 };
+enum { PF_MAX = 8, PF_PIECE = 64 * 1024, PF_THREADS = 32 };
 
 typedef struct pf_ranges {
     const char *p[PF_MAX];
@@ -68,17 +74,22 @@ extern "C" void lm_cuda_prefetch(lm_backend *b, const lm_weight *const *w, int n
     pf_ranges r;
     memset(&r, 0, sizeof r);
     size_t left = cu->l2_ahead;
-    for (int k = 0; k < n_w && k < PF_MAX && left >= 16; k++) {
-        const size_t whole = (size_t)w[k]->rows * w[k]->row_bytes;
-        const int rest = (n_w < PF_MAX ? n_w : PF_MAX) - k;
-        size_t want = k == 0 ? whole : left / (size_t)rest;
-        if (want > whole) want = whole;
-        if (want > left) want = left;
-        want &= ~(size_t)15;
-        if (!want) continue;
-        r.p[r.n] = (const char *)w[k]->data;
-        r.bytes[r.n++] = want;
-        left -= want;
+    if (n_w > PF_MAX) n_w = PF_MAX;
+    for (int k = 0; k < n_w; k++)
+        if (!w[k]) n_w = k; /* the list ends at a weight the model lacks */
+    for (int k = 0; k < n_w && left >= 16;) {
+        const size_t size = (size_t)w[k]->rows * w[k]->row_bytes;
+        int run = 1; /* equal-sized weights after it: one product's, read together */
+        while (k + run < n_w && (size_t)w[k + run]->rows * w[k + run]->row_bytes == size) run++;
+        const bool fits = size * (size_t)run <= left;
+        const size_t each = (fits ? size : left / (size_t)run) & ~(size_t)15;
+        for (int j = 0; j < run && each; j++) {
+            r.p[r.n] = (const char *)w[k + j]->data;
+            r.bytes[r.n++] = each;
+            left -= each;
+        }
+        if (!fits) break;
+        k += run;
     }
     if (!r.n) return;
     unsigned long long pieces = 0;
