@@ -3,8 +3,8 @@
  * persistent decode kernel (cuda_decode_step.cu) and its stream benchmark
  * (bench/bench_cuda_stream.cu) use them: a producer arrives on a slot's barrier with
  * the bytes to expect and starts the copy, whose completion counts them down;
- * consumers wait on the barrier's phase parity. Depends on the CUDA runtime headers
- * only. */
+ * consumers wait on the barrier's phase parity; and bulk requests into L2 (the decode
+ * kernel's, cuda_prefetch.cu's). Depends on the CUDA runtime headers only. */
 #pragma once
 
 #include <stdint.h>
@@ -19,6 +19,12 @@ __device__ __forceinline__ void lm_cp_async16(void *smem, const void *gmem) {
 }
 
 __device__ __forceinline__ void lm_cp_async_wait_all(void) { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+/* `bytes` (a multiple of 16) of global memory at src (16-byte aligned) requested into
+ * L2, nothing waited for (Hopper) */
+__device__ __forceinline__ void lm_bulk_prefetch_l2(const void *src, uint32_t bytes) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
+}
 
 __device__ __forceinline__ void lm_mbar_init(uint64_t *b, unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(lm_smem_addr(b)), "r"(count) : "memory");

@@ -167,7 +167,7 @@ struct ds_producer {
         const uint32_t bytes = (uint32_t)rows * (uint32_t)cols * 2u;
         if (l2) {
             while (it >= *copied + DS_L2_AHEAD) __nanosleep(256);
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
+            lm_bulk_prefetch_l2(src, bytes);
             it++;
             return;
         }

@@ -25,6 +25,7 @@
  * the weights. Off until measured (LUMEN_CUDA_L2_AHEAD=MiB turns it on); passes of up
  * to mv_max_n_quant tokens only (the GEMMs of larger ones read each weight once per
  * chunk of tokens anyway). */
+#include "backend/cuda/cuda_bulk.cuh"
 #include "backend/cuda/cuda_internal.cuh"
 
 enum { PF_MAX = 8, PF_PIECE = 64 * 1024, PF_THREADS = 32 };
@@ -44,7 +45,7 @@ __global__ void l2_prefetch_kernel(const __grid_constant__ pf_ranges r) {
         for (; i < pieces; i += stride) {
             const unsigned long long off = i * PF_PIECE, left = r.bytes[k] - off;
             const unsigned size = (unsigned)(left < PF_PIECE ? left : PF_PIECE);
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(r.p[k] + off), "r"(size) : "memory");
+            lm_bulk_prefetch_l2(r.p[k] + off, size);
         }
         i -= pieces; /* the next range's pieces continue the same numbering */
     }
