@@ -101,13 +101,6 @@ typedef struct lm_backend_ops {
      * LM_ERR_NO_MEMORY if the backend cannot get its working memory. */
     lm_status (*matmul)(lm_backend *b, const lm_weight *w, const float *x, int64_t n, float *y);
 
-    /* Optional hint: w[0..n_w) are the next products of this pass of n tokens, in that
-     * order, after the ops already called (weights of one product, as gate and up, one
-     * after the other). A backend may start bringing their bytes nearer (the CUDA
-     * backend requests them into L2 on a second stream while the kernels before them
-     * run) and must not let it change any result. */
-    void (*prefetch)(lm_backend *b, const lm_weight *const *w, int n_w, int64_t n);
-
     /* Several products of one input: y[i] = W[i] x for i < n_w, all W[i] with the same
      * columns (Q/K/V, gate/up). Optional (NULL: the forward pass calls matmul for each
      * W[i]); a backend uses it to prepare x once and run all rows in one pass. Each

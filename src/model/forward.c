@@ -241,14 +241,6 @@ static lm_status forward_body(const lm_model_internal *m, lm_kv_cache *kv, const
             float *out[3] = {s.q, s.k, s.v};
             TRY(matmul_many(b, qkv, 3, s.xn, n, out));
         }
-        if (op->prefetch) { /* the layer's products after the attention, which reads few bytes */
-            const lm_layer_weights *after = il + 1 < hp->n_layer ? &m->layers[il + 1] : NULL;
-            const lm_weight *next[7] = {w->wo, w->w_gate, w->w_up, w->w_down};
-            int n_next = 4;
-            if (after) next[n_next++] = after->wq, next[n_next++] = after->wk, next[n_next++] = after->wv;
-            else next[n_next++] = m->output;
-            op->prefetch(b, next, n_next, n);
-        }
         float theta = swa ? hp->rope_theta_local : hp->rope_theta;
         float fscale = swa ? 1.0f : hp->rope_freq_scale;
         if (op->qkv_finish) {

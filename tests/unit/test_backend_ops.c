@@ -33,13 +33,12 @@ static lm_backend *g_cpu, *g_gpu, *g_gpu_direct; /* direct: no graphs, no fused 
 static lm_backend *g_gpu_gemm, *g_gpu_gemm_direct;
 static lm_backend *g_gpu_nocopy; /* LUMEN_CUDA_BF16_COPY=0 */
 static lm_backend *g_gpu_tc;     /* LUMEN_CUDA_TC_MAX_N=32 */
-static lm_backend *g_gpu_ahead;  /* LUMEN_CUDA_L2_AHEAD=64 */
 static uint64_t g_rng = 0x5eed;
-static int64_t g_mv_max_n = 4;    /* the CUDA backend's defaults: LUMEN_CUDA_MV_MAX_N, */
+static int64_t g_mv_max_n = 2;    /* the CUDA backend's defaults: LUMEN_CUDA_MV_MAX_N, */
 static int64_t g_mv_max_n_q = 8;  /* (quantized weights; the variable sets both)       */
 static int64_t g_tc_max_n = 0;    /* LUMEN_CUDA_TC_MAX_N,                              */
 static int64_t g_tc_max_n_q = 0;  /* (quantized weights: none; the variable sets both)  */
-static int64_t g_mv_max_n_c = 4;  /* quantized weights with a bf16 copy (made unless     */
+static int64_t g_mv_max_n_c = 3;  /* quantized weights with a bf16 copy (made unless     */
 static bool g_copies = true;      /* LUMEN_CUDA_BF16_COPY=0: the test's weights are small) */
 static int64_t g_attn_dec_min;    /* the decode attention from this many tokens (main)  */
 static int64_t g_gemm_chunk = 64; /* LUMEN_CUDA_GEMM_CHUNK                             */
@@ -326,8 +325,9 @@ static void gpu_matmul_many(lm_weight *const *gw, int n_w, const int64_t *rows, 
 }
 
 /* matmul_many of Q4_K and Q6_K weights in one 8-bit launch (a Q4_K_M file's Q/K/V,
- * V in Q6_K): bit-equal to separate products and to the CPU's; rows_a: the Q4_K rows
- * before the Q6_K weight (a multiple of 32: one launch; else two). */
+ * V in Q6_K): bit-equal to separate products and to the CPU's, for as many of 1-4
+ * tokens as take the matrix-vector path; rows_a: the Q4_K rows before the Q6_K weight
+ * (a multiple of 32: one launch; else two). */
 static void test_matmul_many_mixed(int64_t rows_a) {
     const int64_t rows[3] = {rows_a, 32, 200}, cols = 512;
     static const lm_dtype types[3] = {LM_DTYPE_Q4_K, LM_DTYPE_Q4_K, LM_DTYPE_Q6_K};
@@ -341,7 +341,9 @@ static void test_matmul_many_mixed(int64_t rows_a) {
     }
     float *x = fmalloc(4 * cols);
     fill(x, 4 * cols, 1.0f);
-    for (int64_t n = 1; n <= 4 && gw[0] && gw[1] && gw[2] && cw[0] && cw[1] && cw[2]; n++) {
+    for (int64_t n = 1; n <= 4 && matmul_path(LM_DTYPE_Q4_K, cols, n) == PATH_MV && gw[0] && gw[1] && gw[2] &&
+                        cw[0] && cw[1] && cw[2];
+         n++) {
         float *many[3];
         gpu_matmul_many(gw, 3, rows, x, n, cols, many);
         bool same = true, cpu_same = true;
@@ -415,9 +417,11 @@ static void test_matmul_many(lm_dtype type, lm_dtype v_type, bool packed) {
                  (long long)cols, (long long)n, path_name(path));
         if (one_gemm) {
             report("many", what, err, 1e-5);
-            printf("  %-10s %-40s %s\n", "many", what,
-                   invariant ? "n - 1 tokens == their bits in n (one GEMM)" : "DIFFER from n - 1 tokens");
-            CHECK(invariant);
+            if (matmul_path(type, cols, n - 1) == path) { /* n - 1 tokens in the same chunk */
+                printf("  %-10s %-40s %s\n", "many", what,
+                       invariant ? "n - 1 tokens == their bits in n (one GEMM)" : "DIFFER from n - 1 tokens");
+                CHECK(invariant);
+            }
         } else {
             printf("  %-10s %-40s %s\n", "many", what, same ? "== separate products (bit-equal)" : "DIFFER");
             CHECK(same);
@@ -557,7 +561,7 @@ static void test_matmul(void) {
                                      LM_DTYPE_Q5_0, LM_DTYPE_Q5_1, LM_DTYPE_Q8_0, LM_DTYPE_Q2_K, LM_DTYPE_Q3_K,
                                      LM_DTYPE_Q4_K, LM_DTYPE_Q5_K, LM_DTYPE_Q6_K, LM_DTYPE_Q8_1, LM_DTYPE_Q8_K,
                                      LM_DTYPE_AFFINE};
-    /* 1 and 3: the matrix-vector path; from 8 the GEMM path in chunks of 64 (8-64), 128
+    /* 1 (and 3 for quantized weights): the matrix-vector path; from 8 the GEMM path in chunks of 64 (8-64), 128
      * (100, 128), 256 (130-256) and 512 (300), quantized weights from their bf16
      * copies (the tensor cores: test_matmul_tensor_cores; without copies:
      * test_matmul_without_copies) */
@@ -606,7 +610,8 @@ static void test_matmul(void) {
 /* Quantized weights without bf16 copies (a model under a memory limit, or past the
  * copies' budget), on a backend that makes none: the matrix-vector path up to 8 tokens
  * (the 8-bit kernel and its hand-off), the GEMMs' tiles beyond, and a set of mixed
- * formats, not packed, as separate products. */
+ * formats, not packed: as separate products on the GEMM path, in one 8-bit launch on
+ * the matrix-vector path. */
 static void test_matmul_without_copies(void) {
     lm_backend *with = g_gpu;
     const bool copies = g_copies;
@@ -618,6 +623,7 @@ static void test_matmul_without_copies(void) {
     test_matmul_type(LM_DTYPE_Q8_0, 200, 512, ns, 5);
     test_q8_handoff(LM_DTYPE_Q4_K, 1536, 8960, 256);
     test_matmul_many(LM_DTYPE_Q4_K, LM_DTYPE_Q6_K, true);
+    test_matmul_many_mixed(64); /* to 4 tokens on the 8-bit kernel */
     g_gpu = with, g_copies = copies;
 }
 
@@ -1191,13 +1197,10 @@ static bool graphs_equal_direct(lm_backend *graphs, lm_backend *direct, const ch
 static void test_graphs_equal_direct(const char *path, lm_dtype kv_type, const char *what) {
     bool same = graphs_equal_direct(g_gpu, g_gpu_direct, path, kv_type);
     bool same_gemm = graphs_equal_direct(g_gpu_gemm, g_gpu_gemm_direct, path, kv_type);
-    /* the weights requested into L2 on a second stream, a branch of the recordings */
-    bool same_ahead = graphs_equal_direct(g_gpu_ahead, g_gpu_direct, path, kv_type);
     printf("  %-10s %-40s %s\n", "graphs", what,
-           same && same_gemm && same_ahead ? "graphs + fused (+ L2 prefetch) == op by op (bit-equal)" : "DIFFER");
+           same && same_gemm ? "graphs + fused == op by op (bit-equal)" : "DIFFER");
     CHECK(same);
     CHECK(same_gemm);
-    CHECK(same_ahead);
 }
 
 static int64_t argmax_row(const float *x, int64_t n) {
@@ -1431,13 +1434,6 @@ int main(void) {
     CHECK(create_gpu(&g_gpu_nocopy) == LM_OK);
     if (copy_env[0]) setenv("LUMEN_CUDA_BF16_COPY", copy_env, 1);
     else unsetenv("LUMEN_CUDA_BF16_COPY");
-    const char *ahead = getenv("LUMEN_CUDA_L2_AHEAD");
-    char ahead_env[32];
-    snprintf(ahead_env, sizeof ahead_env, "%s", ahead ? ahead : "");
-    setenv("LUMEN_CUDA_L2_AHEAD", "64", 1);
-    CHECK(create_gpu(&g_gpu_ahead) == LM_OK);
-    if (ahead_env[0]) setenv("LUMEN_CUDA_L2_AHEAD", ahead_env, 1);
-    else unsetenv("LUMEN_CUDA_L2_AHEAD");
     setenv("LUMEN_CUDA_TC_MAX_N", "32", 1);
     CHECK(create_gpu(&g_gpu_tc) == LM_OK);
     if (tc_env[0]) setenv("LUMEN_CUDA_TC_MAX_N", tc_env, 1);
@@ -1474,7 +1470,6 @@ int main(void) {
     lm_backend_free(g_gpu_direct);
     lm_backend_free(g_gpu_nocopy);
     lm_backend_free(g_gpu_tc);
-    lm_backend_free(g_gpu_ahead);
     lm_backend_free(g_gpu_gemm);
     lm_backend_free(g_gpu_gemm_direct);
     lm_backend_free(g_cpu);

@@ -625,7 +625,6 @@ static void cuda_destroy(lm_backend *b) {
     lm_cuda_decode_profile_print(cu);
     lm_cuda_attention_profile_print(cu);
     lm_cuda_graphs_free(cu);
-    lm_cuda_prefetch_free(cu);
     if (cu->cublas) cublasDestroy(cu->cublas);
     if (cu->cublaslt) cublasLtDestroy(cu->cublaslt);
     if (cu->cublas_ws) cudaFree(cu->cublas_ws);
@@ -676,7 +675,6 @@ static void init_ops(lm_backend_ops *o, bool fused) {
     o->pass_begin = lm_cuda_pass_begin;
     o->pass_end = lm_cuda_pass_end;
     o->logits_topk = lm_cuda_logits_topk;
-    o->prefetch = lm_cuda_prefetch;
     /* LUMEN_CUDA_DECODE_STEP=1: one-token passes as one persistent kernel (not yet
      * faster than op by op: off by default, and the forward pass then never asks) */
     const char *step = getenv("LUMEN_CUDA_DECODE_STEP");
@@ -730,21 +728,17 @@ extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
      * 512-token prefill measured slower than direct launches (cause not established) */
     const char *rec = getenv("LUMEN_CUDA_RECORD_MAX_N");
     cu->record_max_n = rec && atoll(rec) > 0 ? atoll(rec) : 256;
-    /* exact f32 products up to this many tokens, the GEMMs beyond: 4 for 16-bit and
-     * f32 weights and for quantized ones with a bf16 copy, 8 for quantized ones
-     * without (cuda_matmul.cu, path_of); LUMEN_CUDA_MV_MAX_N sets all three. Measured
-     * since (H200, 1.5B-shaped, one call, tokens/s, here vs the GEMMs): bf16 x2 1,195
-     * vs 1,153, x3 1,415 vs 1,727, x4 1,635 vs 2,308-2,310; Q4_K_M x3 1,772 vs 1,702,
-     * x4 2,114 vs 2,206: 2 and 3 would be faster, not yet run through the op tests */
+    /* exact f32 products up to this many tokens, the GEMMs beyond: 2 for 16-bit and
+     * f32 weights, 3 for quantized ones with a bf16 copy, 8 for quantized ones without
+     * (cuda_matmul.cu, path_of); LUMEN_CUDA_MV_MAX_N sets all three. The GEMMs win
+     * from there (H200, 1.5B-shaped, one call, tokens/s, matrix-vector vs GEMMs): bf16
+     * x2 1,195 vs 1,153, x3 1,415 vs 1,727, x4 1,635 vs 2,308; Q4_K_M x3 1,772 vs
+     * 1,702, x4 2,114 vs 2,206 */
     const char *mv = getenv("LUMEN_CUDA_MV_MAX_N");
     const bool mv_set = mv && mv[0] && atoll(mv) >= 0;
-    cu->mv_max_n = mv_set ? atoll(mv) : 4;
+    cu->mv_max_n = mv_set ? atoll(mv) : 2;
     cu->mv_max_n_quant = mv_set ? atoll(mv) : 8;
-    cu->mv_max_n_copy = mv_set ? atoll(mv) : 4;
-    /* LUMEN_CUDA_L2_AHEAD=MiB: the next products' weights requested into L2 while the
-     * attention before them runs (cuda_prefetch.cu); off until measured */
-    const char *ahead = getenv("LUMEN_CUDA_L2_AHEAD");
-    cu->l2_ahead = ahead && atoll(ahead) > 0 ? (size_t)atoll(ahead) << 20 : 0;
+    cu->mv_max_n_copy = mv_set ? atoll(mv) : 3;
     /* quantized and f16 weights decoded to bf16 once for the GEMM path instead of a
      * tile at a time in every product (cuda_matmul.cu, copy_decide; Q4_K_M at 64
      * sequences: 17.6k -> 30.0k tokens/s), up to a quarter of the device's memory

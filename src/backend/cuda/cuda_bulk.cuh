@@ -4,7 +4,7 @@
  * (bench/bench_cuda_stream.cu) use them: a producer arrives on a slot's barrier with
  * the bytes to expect and starts the copy, whose completion counts them down;
  * consumers wait on the barrier's phase parity; and bulk requests into L2 (the decode
- * kernel's, cuda_prefetch.cu's). Depends on the CUDA runtime headers only. */
+ * kernel's). Depends on the CUDA runtime headers only. */
 #pragma once
 
 #include <stdint.h>

@@ -278,7 +278,6 @@ extern "C" lm_status lm_cuda_pass_end(lm_backend *b) {
     lm_cuda_backend *cu = lm_cuda(b);
     if (cu->graphs_log) cu->t_end = lm_cuda_host_clock();
     lm_cuda_enter(cu);
-    lm_cuda_prefetch_join(cu); /* a capture must join every stream it forked to */
     int mode = cu->pass_mode;
     cu->pass_mode = LM_CUDA_PASS_DIRECT;
     cu->pass_epoch = 0;

@@ -122,14 +122,6 @@ typedef struct lm_cuda_backend {
     uint64_t peak_used; /* most device memory in use seen after an allocation */
     size_t bf16_budget, bf16_used; /* weights' bf16 copies (lm_weight.bf16): allowed, made */
     cudaStream_t stream;
-    /* weights requested into L2 on a second stream ahead of their products
-     * (cuda_prefetch.cu): the bytes a hint may request (LUMEN_CUDA_L2_AHEAD, 0: none),
-     * the stream and its fork and join events (made at the first hint), and whether
-     * the current pass has forked to it (joined at pass_end) */
-    size_t l2_ahead;
-    cudaStream_t side;
-    cudaEvent_t side_fork, side_join;
-    bool side_forked;
     cublasHandle_t cublas;
     cublasLtHandle_t cublaslt; /* NULL: the products go through cublasGemmEx only */
     bool pools;        /* stream-ordered allocation (cudaMallocAsync) available */
@@ -664,12 +656,6 @@ lm_status lm_cuda_pass_begin(lm_backend *b, uint64_t key, const struct lm_kv_cac
                              const int32_t *tokens, bool *ran);
 lm_status lm_cuda_pass_end(lm_backend *b);
 void lm_cuda_graphs_free(lm_cuda_backend *cu);
-/* backend.h's prefetch (cuda_prefetch.cu); the second stream joined back into the
- * main one where the pass forked to it (pass_end, before a capture ends); its stream
- * and events destroyed. */
-void lm_cuda_prefetch(lm_backend *b, const lm_weight *const *w, int n_w, int64_t n);
-void lm_cuda_prefetch_join(lm_cuda_backend *cu);
-void lm_cuda_prefetch_free(lm_cuda_backend *cu);
 lm_status lm_cuda_attention(lm_backend *b, const struct lm_kv_cache *kv, int64_t layer, const lm_attn_batch *batch,
                             const float *q, int64_t n_head, int64_t n_head_kv, int64_t head_dim, int64_t window,
                             float scale, float *out);

@@ -10,7 +10,7 @@
  * greedy outputs of the real SmolLM2 differ from alone at a top-two gap of 0.07; it
  * was dropped.
  *
- *  - matrix-vector (n <= mv_max_n: 4 for f32 and 16-bit weights and for quantized
+ *  - matrix-vector (n <= mv_max_n: 2 for f32 and 16-bit weights, 3 for quantized
  *    ones with a bf16 copy, 8 for quantized ones without, unless LUMEN_CUDA_MV_MAX_N
  *    says otherwise): decode of a few sequences. Without a copy, 8 tokens here beat
  *    the tensor-core kernel, which decodes a quantized weight element by element for
