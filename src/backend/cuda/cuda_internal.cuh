@@ -474,21 +474,40 @@ __device__ __forceinline__ double lm_cuda_block_sum_sq(const float *x, int64_t d
     return lm_cuda_block_total<THREADS>(sum, part);
 }
 
+/* A thread's first LM_CUDA_NORM_CACHE elements of a row (and of its weights) are
+ * held in registers by lm_cuda_norm_row. */
+enum { LM_CUDA_NORM_CACHE = 8 };
+
+/* The weights of a thread's first LM_CUDA_NORM_CACHE elements (1 past d or where w
+ * is NULL), for lm_cuda_norm_row. Weights are written at load, never by kernels, so
+ * they may be read before the PDL wait, their trip off the chain. */
+template <int THREADS>
+__device__ __forceinline__ void lm_cuda_norm_weights(const float *__restrict__ w, int64_t d,
+                                                     float wv[LM_CUDA_NORM_CACHE]) {
+#pragma unroll
+    for (int c = 0; c < LM_CUDA_NORM_CACHE; c++) {
+        const int64_t j = threadIdx.x + (int64_t)c * THREADS;
+        wv[c] = w && j < d ? w[j] : 1.0f;
+    }
+}
+
 /* One row of d by a block of THREADS: y += add first when add is not NULL (each
  * thread adds exactly the elements it later reads: no other thread's writes are
  * needed), then out = y / sqrt(mean(y^2) + eps) * w (w NULL: no weight), the sum of
  * squares in double in lm_cuda_block_sum_sq's order, the scaling rounded as the CPU
- * reference's (y * inv) * w. A thread's first NORM_CACHE elements and weights stay
- * in registers across the reduction, so the row is not read twice from memory (the
- * kernels are a chain of dependent memory trips). out may be y; y is written only
- * when add is given. outb (may be NULL): out again, rounded to bf16. Shared by
- * rms_norm and add_rms_norm, which must agree to the bit. `part` is summed into
- * once, with no barrier after: a row a block, or a `part` per call. */
+ * reference's (y * inv) * w. A thread's first LM_CUDA_NORM_CACHE elements stay in
+ * registers across the reduction, so the row is not read twice from memory (the
+ * kernels are a chain of dependent memory trips), and their weights come in wv
+ * (lm_cuda_norm_weights, loaded by the caller before its PDL wait). out may be y; y
+ * is written only when add is given. outb (may be NULL): out again, rounded to bf16.
+ * Shared by rms_norm and add_rms_norm, which must agree to the bit. `part` is summed
+ * into once, with no barrier after: a row a block, or a `part` per call. */
 template <int THREADS>
 __device__ __forceinline__ void lm_cuda_norm_row(float *y, const float *add, const float *__restrict__ w, int64_t d,
-                                                 float eps, float *out, double *part, __nv_bfloat16 *outb) {
-    constexpr int NORM_CACHE = 8;
-    float v[NORM_CACHE], wv[NORM_CACHE], av[NORM_CACHE];
+                                                 float eps, float *out, double *part, __nv_bfloat16 *outb,
+                                                 const float wv[LM_CUDA_NORM_CACHE]) {
+    constexpr int NORM_CACHE = LM_CUDA_NORM_CACHE;
+    float v[NORM_CACHE], av[NORM_CACHE];
     double sum = 0.0;
     /* every load first, then the adds and their stores: a store to y between them
      * (y and add may be one buffer) kept ptxas from issuing a load before the store
@@ -496,11 +515,10 @@ __device__ __forceinline__ void lm_cuda_norm_row(float *y, const float *add, con
 #pragma unroll
     for (int c = 0; c < NORM_CACHE; c++) {
         const int64_t j = threadIdx.x + (int64_t)c * THREADS;
-        v[c] = 0.0f, wv[c] = 1.0f, av[c] = 0.0f;
+        v[c] = 0.0f, av[c] = 0.0f;
         if (j < d) {
             v[c] = y[j];
             if (add) av[c] = add[j];
-            if (w) wv[c] = w[j];
         }
     }
 #pragma unroll
