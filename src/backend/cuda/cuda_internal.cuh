@@ -144,6 +144,7 @@ typedef struct lm_cuda_backend {
     int64_t attn_dec_min_n; /* attention: tensor-core decode kernel from this many tokens */
     int attn_dec_warps;     /* attention: that kernel's warps a block, 0: by the batch (LUMEN_CUDA_ATTN_DEC_WARPS) */
     bool attn_dec_ahead;    /* its first KV blocks loaded before the PDL wait (LUMEN_CUDA_ATTN_DEC_AHEAD=0: not) */
+    bool attn_bias_ahead;   /* its qkv_finish's biases requested before the wait (LUMEN_CUDA_ATTN_BIAS_AHEAD=1) */
     unsigned attn_dec_smem; /* its forms whose dynamic shared memory was allowed (cuda_attention_dec.cu) */
     int smem_optin;         /* shared memory a block may ask for (bytes)            */
     int carveout;           /* preferred shared-memory carveout, % (lm_cuda_launch_with; -1: the driver's) */
