@@ -561,10 +561,10 @@ static void test_matmul(void) {
                                      LM_DTYPE_Q5_0, LM_DTYPE_Q5_1, LM_DTYPE_Q8_0, LM_DTYPE_Q2_K, LM_DTYPE_Q3_K,
                                      LM_DTYPE_Q4_K, LM_DTYPE_Q5_K, LM_DTYPE_Q6_K, LM_DTYPE_Q8_1, LM_DTYPE_Q8_K,
                                      LM_DTYPE_AFFINE};
-    /* 1 (and 3 for quantized weights): the matrix-vector path; from 8 the GEMM path in chunks of 64 (8-64), 128
-     * (100, 128), 256 (130-256) and 512 (300), quantized weights from their bf16
-     * copies (the tensor cores: test_matmul_tensor_cores; without copies:
-     * test_matmul_without_copies) */
+    /* 1 (and 3 for quantized weights): the matrix-vector path; from 8 the GEMM path
+     * in chunks of 64 (8-64), 128 (100, 128), 256 (130-256) and 512 (300), quantized
+     * weights from their bf16 copies (the tensor cores: test_matmul_tensor_cores;
+     * without copies: test_matmul_without_copies) */
     static const int64_t ns[] = {1, 3, 8, 16, 130, 40, 300, 32, 64, 100, 128, 200, 256};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         test_matmul_type(types[i], 200, 512, ns, (int)(sizeof ns / sizeof ns[0]));
