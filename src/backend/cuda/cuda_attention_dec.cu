@@ -162,6 +162,20 @@ enum { DEC_PROF_PHASES = 5 };
 static const char *const dec_prof_names[DEC_PROF_PHASES] = {"before the wait", "the wait", "qkv_finish",
                                                             "KV blocks", "merge"};
 
+/* dec_finish's pairs: the two dimensions of pair j in a rotated row (RoPE's pair j
+ * when j < half, else two dimensions past n_rot passed through) */
+__device__ __forceinline__ void dec_pair_dims(const qf_args &f, int j, int *i0, int *i1) {
+    const int half = f.n_rot / 2;
+    *i0 = j < half ? (f.neox ? j : 2 * j) : f.n_rot + 2 * (j - half);
+    *i1 = j < half ? (f.neox ? j + half : 2 * j + 1) : *i0 + 1;
+}
+
+/* The bias of dec_finish's row r (which < 0: query head h0 + r; 0: the KV head's key;
+ * 1: its value) */
+__device__ __forceinline__ const float *dec_bias_row(const qf_args &f, int which, int h0, int r, int hk, int hd) {
+    return which < 0 ? f.bq + (h0 + r) * hd : (which ? f.bv : f.bk) + hk * hd;
+}
+
 /* The qkv_finish of this block's heads (FIN: the op was left to this kernel,
  * cuda_qkv_finish.cu): the group's query rows from the packed product, biased and
  * rotated as qkv_finish_kernel does them (the same roundings), into q_fin (and, by
@@ -184,9 +198,8 @@ __device__ void dec_finish(const qf_args &f, float c, float s, int t, int hk, in
     const int q_dim = f.n_head * HD, kv_dim = f.n_head_kv * HD, half = f.n_rot / 2, j = threadIdx.x % (HD / 2);
     const int r0 = threadIdx.x / (HD / 2), rows = group + (last ? 2 : 0);
     const float *in = f.in + (int64_t)t * (q_dim + 2 * kv_dim);
-    /* the pair's two dimensions in a rotated row, and in the value */
-    const int i0 = j < half ? (f.neox ? j : 2 * j) : f.n_rot + 2 * (j - half);
-    const int i1 = j < half ? (f.neox ? j + half : 2 * j + 1) : i0 + 1;
+    int i0, i1; /* the pair's two dimensions in a rotated row (in the value: 2j, 2j + 1) */
+    dec_pair_dims(f, j, &i0, &i1);
     float x0[PER], x1[PER], b0[PER], b1[PER];
 #pragma unroll
     for (int k = 0; k < PER; k++) {
@@ -197,7 +210,7 @@ __device__ void dec_finish(const qf_args &f, float c, float s, int t, int hk, in
         const int base = which < 0 ? (h0 + r) * HD : q_dim + which * kv_dim + hk * HD;
         x0[k] = in[base + e0], x1[k] = in[base + e1];
         if (f.bq) { /* all three biases or none, as qkv_finish */
-            const float *bias = which < 0 ? f.bq + (h0 + r) * HD : (which ? f.bv : f.bk) + hk * HD;
+            const float *bias = dec_bias_row(f, which, h0, r, hk, HD);
             b0[k] = bias[e0], b1[k] = bias[e1];
         }
     }
@@ -239,16 +252,15 @@ __device__ void dec_finish(const qf_args &f, float c, float s, int t, int hk, in
 template <int HD, int THREADS, int MAXG>
 __device__ __forceinline__ void dec_finish_bias_ahead(const qf_args &f, int hk, int h0, int group, bool last) {
     constexpr int ROWS = THREADS / (HD / 2), PER = (MAXG + 2 + ROWS - 1) / ROWS; /* as dec_finish */
-    const int half = f.n_rot / 2, j = threadIdx.x % (HD / 2), r0 = threadIdx.x / (HD / 2);
-    const int rows = group + (last ? 2 : 0);
-    const int i0 = j < half ? (f.neox ? j : 2 * j) : f.n_rot + 2 * (j - half);
-    const int i1 = j < half ? (f.neox ? j + half : 2 * j + 1) : i0 + 1;
+    const int j = threadIdx.x % (HD / 2), r0 = threadIdx.x / (HD / 2), rows = group + (last ? 2 : 0);
+    int i0, i1;
+    dec_pair_dims(f, j, &i0, &i1);
 #pragma unroll
     for (int k = 0; k < PER; k++) {
         const int r = r0 + k * ROWS, which = r - group;
         if (r >= rows) continue;
         const int e0 = which == 1 ? 2 * j : i0, e1 = which == 1 ? 2 * j + 1 : i1;
-        const float *bias = which < 0 ? f.bq + (h0 + r) * HD : (which ? f.bv : f.bk) + hk * HD;
+        const float *bias = dec_bias_row(f, which, h0, r, hk, HD);
         asm volatile("prefetch.global.L1 [%0];" ::"l"(bias + e0));
         asm volatile("prefetch.global.L1 [%0];" ::"l"(bias + e1));
     }
