@@ -36,7 +36,10 @@
 
 #include "cuda_check.cuh"
 
-enum { WARPS = 4, ROWS_W = 16, ROWS_B = WARPS * ROWS_W, QK = 256, SB_BYTES = 144, REPS = 50 };
+enum {
+    WARPS = 4, ROWS_W = 16, ROWS_B = WARPS * ROWS_W, QK = 256, SB_BYTES = 144, REPS = 50,
+    KC = 6, /* super-blocks of the tokens' codes staged at a time: 1,536 columns, 96 KB at 64 tokens */
+};
 
 /* D = A B + D, A 16x32 (row-major) and B 32x8 (column-major) of int8, D 16x8 of int32 */
 __device__ __forceinline__ void mma_s8(int d[4], const uint32_t a[4], const uint32_t b[2]) {
@@ -64,15 +67,9 @@ template <int NT>
 __global__ void __launch_bounds__(32 * WARPS)
     mmq_q4k_kernel(const uint8_t *__restrict__ W, int rows, int cols, const int8_t *__restrict__ q,
                    const float *__restrict__ da, int n, float *__restrict__ y) {
-    extern __shared__ __align__(16) uint8_t q_sh[]; /* the block's tokens' codes [8 NT][cols], 0 past n */
+    extern __shared__ __align__(16) uint8_t q_sh[]; /* the tokens' codes of KC super-blocks [8 NT][KC QK] */
     const int nsb = cols / QK, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
     const int t0 = blockIdx.y * 8 * NT, nt = min(8 * NT, n - t0);
-    const int words_row = cols / 16;
-    for (int i = threadIdx.x; i < 8 * NT * words_row; i += blockDim.x) {
-        const int t = i / words_row, c = i % words_row;
-        ((uint4 *)q_sh)[i] = t < nt ? ((const uint4 *)(q + (size_t)(t0 + t) * cols))[c] : make_uint4(0, 0, 0, 0);
-    }
-    __syncthreads();
     const int ra = blockIdx.x * ROWS_B + warp * ROWS_W + g, rb = ra + 8;
     const uint8_t *wa = W + (size_t)(ra < rows ? ra : 0) * nsb * SB_BYTES;
     const uint8_t *wb = W + (size_t)(rb < rows ? rb : 0) * nsb * SB_BYTES;
@@ -80,6 +77,17 @@ __global__ void __launch_bounds__(32 * WARPS)
 #pragma unroll
     for (int tl = 0; tl < NT; tl++) acc[tl][0] = acc[tl][1] = acc[tl][2] = acc[tl][3] = 0.0f;
     for (int sb = 0; sb < nsb; sb++) {
+        if (sb % KC == 0) { /* the next KC super-blocks of the tokens' codes, 0 past n */
+            const int words_row = KC * QK / 16, words_have = (min(nsb - sb, KC) * QK) / 16;
+            __syncthreads();
+            for (int i = threadIdx.x; i < 8 * NT * words_row; i += blockDim.x) {
+                const int t = i / words_row, c = i % words_row;
+                ((uint4 *)q_sh)[i] = t < nt && c < words_have
+                                         ? ((const uint4 *)(q + (size_t)(t0 + t) * cols + (size_t)sb * QK))[c]
+                                         : make_uint4(0, 0, 0, 0);
+            }
+            __syncthreads();
+        }
         const uint8_t *sa = wa + (size_t)sb * SB_BYTES, *sbp = wb + (size_t)sb * SB_BYTES;
         const uint4 ha = __ldg((const uint4 *)sa), hb = __ldg((const uint4 *)sbp);
         uint32_t ca[8], cb[8]; /* words tig and 4 + tig of each 32-byte pair of sub-blocks */
@@ -108,7 +116,7 @@ __global__ void __launch_bounds__(32 * WARPS)
                                     (uint32_t)ma[j] * 0x01010101u, (uint32_t)mb[j] * 0x01010101u};
 #pragma unroll
             for (int tl = 0; tl < NT; tl++) {
-                const uint8_t *qt = q_sh + (size_t)(8 * tl + g) * cols + sb * QK + 32 * j;
+                const uint8_t *qt = q_sh + (size_t)(8 * tl + g) * (KC * QK) + (sb % KC) * QK + 32 * j;
                 const uint32_t b[2] = {*(const uint32_t *)(qt + 4 * tig), *(const uint32_t *)(qt + 16 + 4 * tig)};
                 int dot[4] = {0, 0, 0, 0};
                 mma_s8(dot, a, b);
@@ -180,7 +188,7 @@ static float rndf(float lo, float hi) { return lo + (hi - lo) * (float)(rnd() & 
 template <int NT>
 static float run_mmq(const uint8_t *W, int rows, int cols, const int8_t *q, const float *da, int n, float *y,
                      int reps) {
-    const size_t smem = (size_t)8 * NT * cols;
+    const size_t smem = (size_t)8 * NT * KC * QK;
     CK(cudaFuncSetAttribute(mmq_q4k_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     const dim3 grid((unsigned)((rows + ROWS_B - 1) / ROWS_B), (unsigned)((n + 8 * NT - 1) / (8 * NT)));
     cudaEvent_t e0, e1;
@@ -231,8 +239,8 @@ static float run_cublas(cublasHandle_t h, const __nv_bfloat16 *A, int rows, int 
 }
 
 int main(void) {
-    /* a 1.5B model's gate and up together, Q/K/V, and the output projection */
-    static const int shapes[][2] = {{17920, 1536}, {2048, 1536}, {1536, 1536}};
+    /* a 1.5B model's gate and up together, Q/K/V, the output projection, down */
+    static const int shapes[][2] = {{17920, 1536}, {2048, 1536}, {1536, 1536}, {1536, 8960}};
     static const int ns[] = {4, 8, 16, 32, 64};
     const int n_max = 64;
     cublasHandle_t h;
