@@ -185,6 +185,17 @@ static uint32_t rnd(void) {
 }
 static float rndf(float lo, float hi) { return lo + (hi - lo) * (float)(rnd() & 0xffffff) / 16777216.0f; }
 
+/* e1 recorded now; the mean microseconds of reps launches since e0; both destroyed */
+static float stop_us(cudaEvent_t e0, cudaEvent_t e1, int reps) {
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    float ms = 0.0f;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    return 1000.0f * ms / (float)reps;
+}
+
 template <int NT>
 static float run_mmq(const uint8_t *W, int rows, int cols, const int8_t *q, const float *da, int n, float *y,
                      int reps) {
@@ -198,13 +209,7 @@ static float run_mmq(const uint8_t *W, int rows, int cols, const int8_t *q, cons
     CK(cudaGetLastError());
     CK(cudaEventRecord(e0));
     for (int i = 0; i < reps; i++) mmq_q4k_kernel<NT><<<grid, 32 * WARPS, smem>>>(W, rows, cols, q, da, n, y);
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    float ms = 0.0f;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    CK(cudaEventDestroy(e0));
-    CK(cudaEventDestroy(e1));
-    return 1000.0f * ms / (float)reps;
+    return stop_us(e0, e1, reps);
 }
 
 static float run_mmq_any(const uint8_t *W, int rows, int cols, const int8_t *q, const float *da, int n, float *y,
@@ -229,13 +234,7 @@ static float run_cublas(cublasHandle_t h, const __nv_bfloat16 *A, int rows, int 
             exit(1);
         }
     }
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    float ms = 0.0f;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    CK(cudaEventDestroy(e0));
-    CK(cudaEventDestroy(e1));
-    return 1000.0f * ms / (float)reps;
+    return stop_us(e0, e1, reps);
 }
 
 int main(void) {
