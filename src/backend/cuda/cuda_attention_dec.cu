@@ -162,6 +162,15 @@ enum { DEC_PROF_PHASES = 5 };
 static const char *const dec_prof_names[DEC_PROF_PHASES] = {"before the wait", "the wait", "qkv_finish",
                                                             "KV blocks", "merge"};
 
+/* dec_finish's rows a pass (a thread per pair of a row, HD / 2 pairs a row) and passes
+ * (the group's query rows, the key and the value), shared with its bias hint */
+template <int HD, int THREADS>
+__host__ __device__ constexpr int dec_finish_rows() { return THREADS / (HD / 2); }
+template <int HD, int THREADS, int MAXG>
+__host__ __device__ constexpr int dec_finish_passes() {
+    return (MAXG + 2 + dec_finish_rows<HD, THREADS>() - 1) / dec_finish_rows<HD, THREADS>();
+}
+
 /* dec_finish's pairs: the two dimensions of pair j in a rotated row (RoPE's pair j
  * when j < half, else two dimensions past n_rot passed through) */
 __device__ __forceinline__ void dec_pair_dims(const qf_args &f, int j, int *i0, int *i1) {
@@ -194,7 +203,7 @@ template <int HD, int THREADS, int MAXG>
 __device__ void dec_finish(const qf_args &f, float c, float s, int t, int hk, int h0, int group, bool first, bool last,
                            int64_t slot, float (*q_fin)[HD]) {
     static_assert(THREADS % (HD / 2) == 0, "a thread's pairs share their index in the row");
-    constexpr int ROWS = THREADS / (HD / 2), PER = (MAXG + 2 + ROWS - 1) / ROWS; /* rows a pass, passes */
+    constexpr int ROWS = dec_finish_rows<HD, THREADS>(), PER = dec_finish_passes<HD, THREADS, MAXG>();
     const int q_dim = f.n_head * HD, kv_dim = f.n_head_kv * HD, half = f.n_rot / 2, j = threadIdx.x % (HD / 2);
     const int r0 = threadIdx.x / (HD / 2), rows = group + (last ? 2 : 0);
     const float *in = f.in + (int64_t)t * (q_dim + 2 * kv_dim);
@@ -251,7 +260,7 @@ __device__ void dec_finish(const qf_args &f, float c, float s, int t, int hk, in
  * are still in L2. A hint: the same addresses dec_finish loads, nothing held. */
 template <int HD, int THREADS, int MAXG>
 __device__ __forceinline__ void dec_finish_bias_ahead(const qf_args &f, int hk, int h0, int group, bool last) {
-    constexpr int ROWS = THREADS / (HD / 2), PER = (MAXG + 2 + ROWS - 1) / ROWS; /* as dec_finish */
+    constexpr int ROWS = dec_finish_rows<HD, THREADS>(), PER = dec_finish_passes<HD, THREADS, MAXG>();
     const int j = threadIdx.x % (HD / 2), r0 = threadIdx.x / (HD / 2), rows = group + (last ? 2 : 0);
     int i0, i1;
     dec_pair_dims(f, j, &i0, &i1);
