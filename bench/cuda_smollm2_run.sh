@@ -13,9 +13,10 @@
 #     LUMEN_TEST_BACKEND=cuda: the CUDA backend's logits against llama.cpp's;
 #  2. golden_generate smollm2-135m on CUDA: greedy continuations through the API;
 #     golden_engine on CUDA: 32 prompts generated together against each alone, on
-#     the file and on its bf16 conversion (`lumen convert`: there the GEMMs and the
-#     matrix-vector kernels read the same weights, where the file's GEMMs read bf16
-#     copies of weights a sequence alone decodes exactly);
+#     the file (default, exact and precise modes) and on its bf16 conversion (`lumen
+#     convert`: there the GEMMs and the matrix-vector kernels read the same weights,
+#     where the file's GEMMs read bf16 copies of weights a sequence alone decodes
+#     exactly);
 #  3. bench_engine --backend cuda: (a) 512 conversations sharing a prefix, max_tokens
 #     1, against one at a time; (b) time to first token of turn 10 of a chat.
 set -uo pipefail
@@ -57,6 +58,10 @@ grep -E "differs|prompts differ|together|peak|generate:" "$OUT/engine_inv.log" |
 echo "=== the same with every product exact f32 and every attention scalar (LUMEN_CUDA_MV_MAX_N=1e9)"
 LUMEN_CUDA_MV_MAX_N=1000000000 LUMEN_TEST_BACKEND=cuda timeout 200 "$BUILD/tests/golden_engine" smollm2-135m > "$OUT/engine_inv_exact.log" 2>&1
 echo "status $? ($(grep -c "differs from alone" "$OUT/engine_inv_exact.log") prompt-rounds of 64 differ from alone)"
+echo "=== the same in the precise mode (LUMEN_CUDA_PRECISE=1: GEMM activations as bf16 hi + lo)"
+LUMEN_CUDA_PRECISE=1 LUMEN_TEST_BACKEND=cuda timeout 200 "$BUILD/tests/golden_engine" smollm2-135m > "$OUT/engine_inv_precise.log" 2>&1
+echo "status $? ($(grep -c "differs from alone" "$OUT/engine_inv_precise.log") prompt-rounds of 64 differ from alone)"
+grep -E "prompts differ" "$OUT/engine_inv_precise.log"
 echo "=== the same, default paths, on the file's bf16 conversion (lumen convert)"
 rm -rf "$BUILD/smollm2-bf16"
 if "$BUILD/lumen" convert "$FILE" "$BUILD/smollm2-bf16" > "$OUT/convert.log" 2>&1; then

@@ -33,6 +33,7 @@ static lm_backend *g_cpu, *g_gpu, *g_gpu_direct; /* direct: no graphs, no fused 
 static lm_backend *g_gpu_gemm, *g_gpu_gemm_direct;
 static lm_backend *g_gpu_nocopy; /* LUMEN_CUDA_BF16_COPY=0 */
 static lm_backend *g_gpu_tc;     /* LUMEN_CUDA_TC_MAX_N=32 */
+static lm_backend *g_gpu_precise; /* LUMEN_CUDA_PRECISE=1 */
 static uint64_t g_rng = 0x5eed;
 static int64_t g_mv_max_n = 2;    /* the CUDA backend's defaults: LUMEN_CUDA_MV_MAX_N, */
 static int64_t g_mv_max_n_q = 8;  /* (quantized weights; the variable sets both)       */
@@ -625,6 +626,101 @@ static void test_matmul_without_copies(void) {
     test_matmul_many(LM_DTYPE_Q4_K, LM_DTYPE_Q6_K, true);
     test_matmul_many_mixed(64); /* to 4 tokens on the 8-bit kernel */
     g_gpu = with, g_copies = copies;
+}
+
+/* The largest nerr over a few tokens between y [n][rows] (tokens in one product) and
+ * each token's product alone, on g_gpu. */
+static double alone_vs_batch(lm_weight *gw, const float *x, const float *y, int64_t n, int64_t rows, int64_t cols) {
+    static const int64_t ts[] = {0, 13, 63};
+    double worst = 0.0;
+    for (int i = 0; i < 3; i++) {
+        const int64_t t = ts[i] < n ? ts[i] : n - 1;
+        float *y1 = gpu_matmul(gw, x + t * cols, 1, rows, cols);
+        const double d = nerr(y + t * rows, y1, rows);
+        worst = d > worst ? d : worst;
+        free(y1);
+    }
+    return worst;
+}
+
+/* The precise mode (LUMEN_CUDA_PRECISE=1, cuda_matmul.cu's gemm_split): tokens of a
+ * 64-token GEMM against the same tokens alone (the matrix-vector kernel), for single
+ * weights (gemm_run) and a packed Q/K/V set (packed_run). Its GEMMs take activations
+ * to ~16 bits and its one-token kernel the GEMMs' bf16 weight values, so the two
+ * differ by the lo part's rounding (2^-17 of x) and the sums' order, a few 1e-6,
+ * where the default paths differ by bf16's rounding of the activations, ~1e-3
+ * (printed beside); and the batch's products against the exact ones. */
+static void test_matmul_precise(void) {
+    lm_backend *main_gpu = g_gpu;
+    enum { N = 64, ROWS = 512, COLS = 1536 };
+    static const lm_dtype types[] = {LM_DTYPE_BF16, LM_DTYPE_F16, LM_DTYPE_Q4_1, LM_DTYPE_Q4_K, LM_DTYPE_Q6_K};
+    printf("  precise mode (LUMEN_CUDA_PRECISE=1), a token in a GEMM of %d vs alone:\n", N);
+    float *x = fmalloc((int64_t)N * COLS);
+    fill(x, (int64_t)N * COLS, 1.0f);
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        test_weight w;
+        make_weight(&w, types[i], ROWS, COLS);
+        double gap[2] = {0.0, 0.0}, cpu_err = 0.0;
+        for (int mode = 0; mode < 2; mode++) {
+            g_gpu = mode ? g_gpu_precise : main_gpu;
+            lm_weight *gw = NULL;
+            CHECK(g_gpu->ops->weight_create(g_gpu, &w.t, &gw) == LM_OK);
+            if (!gw) continue;
+            float *y = gpu_matmul(gw, x, N, ROWS, COLS);
+            gap[mode] = alone_vs_batch(gw, x, y, N, ROWS, COLS);
+            if (mode) {
+                float *ref = fmalloc((int64_t)N * ROWS);
+                for (int64_t t = 0; t < N; t++)
+                    for (int64_t r = 0; r < ROWS; r++) {
+                        double acc = 0.0;
+                        for (int64_t k = 0; k < COLS; k++) acc += (double)w.deq[r * COLS + k] * x[t * COLS + k];
+                        ref[t * ROWS + r] = (float)acc;
+                    }
+                cpu_err = nerr(y, ref, (int64_t)N * ROWS);
+                free(ref);
+            }
+            free(y);
+            g_gpu->ops->weight_free(g_gpu, gw);
+        }
+        char what[96];
+        snprintf(what, sizeof what, "%-6s %dx%d alone vs in 64 (default %.1e)", lm_dtype_name(types[i]), ROWS,
+                 COLS, gap[0]);
+        report("precise", what, gap[1], 2e-5);
+        snprintf(what, sizeof what, "%-6s %dx%d 64 tokens vs exact", lm_dtype_name(types[i]), ROWS, COLS);
+        report("precise", what, cpu_err, 5e-3);
+        free_weight(&w);
+    }
+    /* Q/K/V packed into one GEMM */
+    g_gpu = g_gpu_precise;
+    test_weight w[3];
+    lm_weight *gw[3] = {NULL, NULL, NULL};
+    const int64_t rows[3] = {ROWS, 128, 128};
+    for (int k = 0; k < 3; k++) {
+        make_weight(&w[k], LM_DTYPE_Q4_1, rows[k], COLS);
+        CHECK(g_gpu->ops->weight_create(g_gpu, &w[k].t, &gw[k]) == LM_OK);
+    }
+    if (gw[0] && gw[1] && gw[2] && g_gpu->ops->weight_pack && g_gpu->ops->matmul_many) {
+        g_gpu->ops->weight_pack(g_gpu, gw, 3);
+        float *yb[3], *y1[3];
+        gpu_matmul_many(gw, 3, rows, x, N, COLS, yb);
+        double worst = 0.0;
+        for (int64_t t = 0; t < N; t += 21) {
+            gpu_matmul_many(gw, 3, rows, x + t * COLS, 1, COLS, y1);
+            for (int k = 0; k < 3; k++) {
+                const double d = nerr(yb[k] + t * rows[k], y1[k], rows[k]);
+                worst = d > worst ? d : worst;
+                free(y1[k]);
+            }
+        }
+        for (int k = 0; k < 3; k++) free(yb[k]);
+        report("precise", "Q4_1 Q/K/V packed, alone vs in 64", worst, 2e-5);
+    }
+    for (int k = 0; k < 3; k++) {
+        if (gw[k]) g_gpu->ops->weight_free(g_gpu, gw[k]);
+        free_weight(&w[k]);
+    }
+    free(x);
+    g_gpu = main_gpu;
 }
 
 /* The tensor-core kernel (cuda_matmul_tc.cu), which no product takes by default (the
@@ -1436,6 +1532,9 @@ int main(void) {
     else unsetenv("LUMEN_CUDA_BF16_COPY");
     setenv("LUMEN_CUDA_TC_MAX_N", "32", 1);
     CHECK(create_gpu(&g_gpu_tc) == LM_OK);
+    setenv("LUMEN_CUDA_PRECISE", "1", 1);
+    CHECK(create_gpu(&g_gpu_precise) == LM_OK);
+    unsetenv("LUMEN_CUDA_PRECISE");
     if (tc_env[0]) setenv("LUMEN_CUDA_TC_MAX_N", tc_env, 1);
     else unsetenv("LUMEN_CUDA_TC_MAX_N");
     unsetenv("LUMEN_CUDA_GRAPHS");
@@ -1453,6 +1552,7 @@ int main(void) {
     test_matmul();
     test_matmul_without_copies();
     test_matmul_tensor_cores();
+    test_matmul_precise();
     test_rms_norm();
     test_add_rms_norm();
     test_arith();
@@ -1470,6 +1570,7 @@ int main(void) {
     lm_backend_free(g_gpu_direct);
     lm_backend_free(g_gpu_nocopy);
     lm_backend_free(g_gpu_tc);
+    lm_backend_free(g_gpu_precise);
     lm_backend_free(g_gpu_gemm);
     lm_backend_free(g_gpu_gemm_direct);
     lm_backend_free(g_cpu);

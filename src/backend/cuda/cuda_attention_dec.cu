@@ -253,28 +253,6 @@ __device__ void dec_finish(const qf_args &f, float c, float s, int t, int hk, in
     __syncthreads();
 }
 
-/* The Q/K/V biases dec_finish will read for this thread's pairs, requested into L1
- * before the PDL wait (LUMEN_CUDA_ATTN_BIAS_AHEAD=1; off until measured): biases are
- * written at load, never by kernels, and a step streams the whole model past L2, so
- * after the wait their loads are trips to memory beside the product's outputs, which
- * are still in L2. A hint: the same addresses dec_finish loads, nothing held. */
-template <int HD, int THREADS, int MAXG>
-__device__ __forceinline__ void dec_finish_bias_ahead(const qf_args &f, int hk, int h0, int group, bool last) {
-    constexpr int ROWS = dec_finish_rows<HD, THREADS>(), PER = dec_finish_passes<HD, THREADS, MAXG>();
-    const int j = threadIdx.x % (HD / 2), r0 = threadIdx.x / (HD / 2), rows = group + (last ? 2 : 0);
-    int i0, i1;
-    dec_pair_dims(f, j, &i0, &i1);
-#pragma unroll
-    for (int k = 0; k < PER; k++) {
-        const int r = r0 + k * ROWS, which = r - group;
-        if (r >= rows) continue;
-        const int e0 = which == 1 ? 2 * j : i0, e1 = which == 1 ? 2 * j + 1 : i1;
-        const float *bias = dec_bias_row(f, which, h0, r, hk, HD);
-        asm volatile("prefetch.global.L1 [%0];" ::"l"(bias + e0));
-        asm volatile("prefetch.global.L1 [%0];" ::"l"(bias + e1));
-    }
-}
-
 /* WARPS warps a block; MAXG: the most query heads per KV head it takes (the shared
  * memory of the warps' merge holds WARPS x MAXG rows). FIN: the qkv_finish before it
  * runs here (fin; dec_finish). */
@@ -284,7 +262,7 @@ __global__ void __launch_bounds__(32 * WARPS)
                     const __half *__restrict__ K, const __half *__restrict__ V, const float *__restrict__ q,
                     int64_t window, float scale, int max_splits, float *__restrict__ out,
                     __nv_bfloat16 *__restrict__ outb, float *__restrict__ part, int *__restrict__ counts,
-                    bool ahead, bool bias_ahead, const __grid_constant__ qf_args fin,
+                    bool ahead, const __grid_constant__ qf_args fin,
                     unsigned long long *prof) {
     constexpr int THREADS = 32 * WARPS;
     /* prof (LUMEN_CUDA_ATTN_PROFILE): block (0, 0)'s clock at its phases, in shared
@@ -331,7 +309,6 @@ __global__ void __launch_bounds__(32 * WARPS)
     extern __shared__ __align__(16) uint4 dec_stage_words[]; /* tc_early(HD): dec_stage_warp_bytes a warp */
     __half *const stage = (__half *)dec_stage_words + warp * (dec_stage_warp_bytes<HD>() / sizeof(__half));
     if (early) dec_stage_block<HD>(stage, K, V, blk, d_kv, head_off, lane);
-    if (FIN && bias_ahead && fin.bq) dec_finish_bias_ahead<HD, THREADS, MAXG>(fin, hk, h0, group, split == n_split - 1);
     if (profiled) stamp[1] = lm_cuda_clock_ns();
     lm_pdl_enter();
     if (profiled) stamp[2] = lm_cuda_clock_ns();
@@ -502,7 +479,7 @@ void lm_cuda_attention_dec(lm_cuda_backend *cu, const lm_kv_cache *kv, int64_t l
     (dec_allow<H, W, G, F>(cu)                                                                                       \
          ? lm_cuda_launch_smem(cu, attn_dec_kernel<H, W, G, F>, grid, 32 * W, W * dec_stage_warp_bytes<H>(), meta,    \
                                (int)n, (int)n_head, (int)n_head_kv, (int)group, d_kv, K, V, q, window, scale,        \
-                               max_splits, out, outb, part, counts, cu->attn_dec_ahead, cu->attn_bias_ahead, f,     \
+                               max_splits, out, outb, part, counts, cu->attn_dec_ahead, f,     \
                                cu->attn_prof)                                                                        \
          : (void)0)
 #define LM_DEC_WARPS(H, F) (eight ? LM_DEC(H, 8, 8, F) : LM_DEC(H, 4, DEC_MAX_GROUP, F))

@@ -748,8 +748,12 @@ extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
     cu->bf16_budget = bc && bc[0] ? (atoll(bc) > 0 ? (size_t)atoll(bc) << 20 : 0) : cu->total_mem / 4;
     const char *stage = getenv("LUMEN_CUDA_MV_STAGE"); /* 0: quantized rows read in place */
     cu->mv_stage = !(stage && strcmp(stage, "0") == 0);
+    /* the precise mode (cuda_matmul.cu, gemm_split): batched outputs that follow the
+     * single-sequence ones, at ~40% of batched throughput */
+    const char *precise = getenv("LUMEN_CUDA_PRECISE");
+    cu->precise = precise && strcmp(precise, "1") == 0;
     const char *mvq = getenv("LUMEN_CUDA_MVQ"); /* 0: Q4_K/Q6_K products in f32 too */
-    cu->mvq = !(mvq && strcmp(mvq, "0") == 0);
+    cu->mvq = !(mvq && strcmp(mvq, "0") == 0) && !cu->precise;
     const char *mvq_wide = getenv("LUMEN_CUDA_MVQ_WIDE"); /* 0: no interleaved copy of a Q6_K head */
     cu->mvq_wide = !(mvq_wide && strcmp(mvq_wide, "0") == 0);
     const char *handoff = getenv("LUMEN_CUDA_Q8_HANDOFF"); /* 0: down products over f32 activations */
@@ -786,8 +790,6 @@ extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
     cu->attn_dec_warps = dec_warps && (atoi(dec_warps) == 4 || atoi(dec_warps) == 8) ? atoi(dec_warps) : 0;
     const char *dec_ahead = getenv("LUMEN_CUDA_ATTN_DEC_AHEAD");
     cu->attn_dec_ahead = !(dec_ahead && strcmp(dec_ahead, "0") == 0);
-    const char *bias_ahead = getenv("LUMEN_CUDA_ATTN_BIAS_AHEAD"); /* cuda_attention_dec.cu: off until measured */
-    cu->attn_bias_ahead = bias_ahead && strcmp(bias_ahead, "1") == 0;
     cu->smem_optin = (int)prop.sharedMemPerBlockOptin;
     const char *carve = getenv("LUMEN_CUDA_CARVEOUT"); /* percent, or -1: the driver's split */
     cu->carveout = carve && carve[0] && atoi(carve) >= -1 && atoi(carve) <= 100 ? atoi(carve) : LM_CUDA_CARVEOUT;

@@ -42,12 +42,12 @@ pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 gemm_shape g_shapes[CACHE];
 int g_n_shapes;
 
-/* C = A^T B for this shape's descriptors: A bf16 [rows][cols], B bf16 [chunk][cols],
- * C f32 column-major rows x chunk. */
+/* C = A^T B (+ C where accumulate) for this shape's descriptors: A bf16 [rows][cols],
+ * B bf16 [chunk][cols], C f32 column-major rows x chunk. */
 cublasStatus_t run_algo(lm_cuda_backend *cu, const gemm_shape *s, const cublasLtMatmulAlgo_t *algo, const void *A,
-                        const void *B, float *C) {
-    const float one = 1.0f, zero = 0.0f;
-    return cublasLtMatmul(cu->cublaslt, s->desc, &one, A, s->la, B, s->lb, &zero, C, s->lc, C, s->lc, algo,
+                        const void *B, float *C, bool accumulate) {
+    const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    return cublasLtMatmul(cu->cublaslt, s->desc, &one, A, s->la, B, s->lb, &beta, C, s->lc, C, s->lc, algo,
                           cu->cublas_ws, LM_CUDA_CUBLAS_WORKSPACE, cu->stream);
 }
 
@@ -74,7 +74,7 @@ float time_algo(lm_cuda_backend *cu, const gemm_shape *s, const cublasLtMatmulAl
     for (int r = 0; r < RUNS; r++) {
         if (flush) cudaMemsetAsync(flush, r, FLUSH_BYTES, cu->stream);
         cudaEventRecord(ev[0], cu->stream);
-        if (run_algo(cu, s, algo, A, B, C) != CUBLAS_STATUS_SUCCESS) return -1.0f;
+        if (run_algo(cu, s, algo, A, B, C, false) != CUBLAS_STATUS_SUCCESS) return -1.0f;
         cudaEventRecord(ev[1], cu->stream);
         if (cudaEventSynchronize(ev[1]) != cudaSuccess || cudaEventElapsedTime(&ms[r], ev[0], ev[1]) != cudaSuccess)
             return -1.0f;
@@ -136,7 +136,7 @@ void choose_algo(lm_cuda_backend *cu, gemm_shape *s, const void *A, const void *
 } // namespace
 
 bool lm_cuda_gemm_lt(lm_cuda_backend *cu, const void *A, int64_t rows, int64_t cols, const void *B, int64_t chunk,
-                     float *C) {
+                     float *C, bool accumulate) {
     if (!cu->cublaslt) return false;
     pthread_mutex_lock(&g_lock);
     gemm_shape *s = NULL;
@@ -153,7 +153,7 @@ bool lm_cuda_gemm_lt(lm_cuda_backend *cu, const void *A, int64_t rows, int64_t c
     }
     pthread_mutex_unlock(&g_lock);
     if (!s || !s->usable) return false; /* the cache is full or cuBLASLt cannot: cublasGemmEx */
-    const cublasStatus_t st = run_algo(cu, s, &s->algo, A, B, C);
+    const cublasStatus_t st = run_algo(cu, s, &s->algo, A, B, C, accumulate);
     if (st == CUBLAS_STATUS_SUCCESS) return true;
     lm_cuda_fail(cu, st == CUBLAS_STATUS_ALLOC_FAILED ? LM_ERR_NO_MEMORY : LM_ERR_INTERNAL,
                  "cuBLASLt error in a %lld x %lld x %lld product: %s", (long long)rows, (long long)chunk,

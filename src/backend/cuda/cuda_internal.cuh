@@ -136,6 +136,7 @@ typedef struct lm_cuda_backend {
     int64_t mv_max_n_copy;  /* the same for quantized weights with a bf16 copy */
     bool mvq;          /* matmul: Q4_K/Q6_K there over 8-bit activations (cuda_matmul_q8.cu; LUMEN_CUDA_MVQ=0: not) */
     bool mvq_wide;     /* matmul: a Q6_K head's interleaved copy for the 8-bit kernel (LUMEN_CUDA_MVQ_WIDE=0: not) */
+    bool precise;      /* matmul: the precise mode (LUMEN_CUDA_PRECISE=1; cuda_matmul.cu, gemm_split) */
     bool mv_stage;     /* matmul: one token's quantized rows staged in shared memory (LUMEN_CUDA_MV_STAGE=0: not) */
     bool q8_handoff;   /* matmul: swiglu's output handed to the down product in 8 bits (LUMEN_CUDA_Q8_HANDOFF=0: not) */
     int64_t tc_max_n;  /* matmul: tensor-core kernel up to this many tokens     */
@@ -144,7 +145,6 @@ typedef struct lm_cuda_backend {
     int64_t attn_dec_min_n; /* attention: tensor-core decode kernel from this many tokens */
     int attn_dec_warps;     /* attention: that kernel's warps a block, 0: by the batch (LUMEN_CUDA_ATTN_DEC_WARPS) */
     bool attn_dec_ahead;    /* its first KV blocks loaded before the PDL wait (LUMEN_CUDA_ATTN_DEC_AHEAD=0: not) */
-    bool attn_bias_ahead;   /* its qkv_finish's biases requested before the wait (LUMEN_CUDA_ATTN_BIAS_AHEAD=1) */
     unsigned attn_dec_smem; /* its forms whose dynamic shared memory was allowed (cuda_attention_dec.cu) */
     int smem_optin;         /* shared memory a block may ask for (bytes)            */
     int carveout;           /* preferred shared-memory carveout, % (lm_cuda_launch_with; -1: the driver's) */

@@ -169,6 +169,8 @@ __device__ __forceinline__ int mv_row_of(const mv_set &set, int row, int *lr) {
 /* acc[t] += the 8 weights of chunk c times token t0 + t's activations there, for the
  * block's NT tokens, one multiply-add at a time in element order (both of mv_kernel's
  * loops: their sums are the same to the bit). */
+__device__ __forceinline__ float mv_bf16_round(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+
 template <int NT>
 __device__ __forceinline__ void mv_fma8(float *acc, const float *w, const float *__restrict__ x, int cols, int c,
                                         int t0, int n) {
@@ -262,6 +264,9 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MIN_BLOCKS)
                 const int c = part * 32 + lane + j * wpr * 32;
                 float w[8];
                 deq8_words<T>(raw[j], w);
+                if (set.round_w)
+#pragma unroll
+                    for (int i = 0; i < 8; i++) w[i] = mv_bf16_round(w[i]);
                 mv_fma8<NT>(acc, w, x, cols, c, t0, n);
             }
         } else {
@@ -276,6 +281,9 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MIN_BLOCKS)
             for (int c = part * 32 + lane; c < n_chunks; c += wpr * 32) {
                 float w[8];
                 deq8<T>(wr, c, w);
+                if (set.round_w)
+#pragma unroll
+                    for (int i = 0; i < 8; i++) w[i] = mv_bf16_round(w[i]);
                 mv_fma8<NT>(acc, w, x, cols, c, t0, n);
             }
         }
@@ -355,7 +363,8 @@ static mv_fn mv_kernel_of(int nt, int per_lane, bool stage) {
 template <int T, bool SWIGLU = false>
 static void launch_mv(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, const float *x, int64_t n,
                       float *const *y) {
-    const mv_set set = mv_set_of(w, n_w, y);
+    mv_set set = mv_set_of(w, n_w, y);
+    set.round_w = cu->precise && T != LM_DTYPE_F32 && T != LM_DTYPE_BF16; /* the GEMMs' values (gemm_split) */
     const int rows_all = set.end[n_w - 1];
     const int n_chunks = (int)(w[0]->cols / 8), wpr = mv_warps_per_row(n_chunks, w[0]->rows);
     const int rpb = (MV_THREADS / 32) / wpr, cols = (int)w[0]->cols;
@@ -400,19 +409,27 @@ __global__ void dequant_bf16_kernel(const uint8_t *__restrict__ W, size_t row_by
 
 /* out[i] = bf16(x[i]) for i < n_valid, 0 up to n_total; eight elements a thread
  * (16-byte stores: the scalar form ran a 512-token prompt's conversions at a third of
- * the memory rate). n_valid and n_total are multiples of 8, x and out 16-byte
+ * the memory rate). lo: also lo[i] = bf16(x[i] - out[i]), the part of x its bf16 value
+ * misses (the precise mode: gemm_split). n_valid and n_total are multiples of 8, x and out 16-byte
  * aligned. */
+__device__ __forceinline__ uint32_t bf16_pair(float a, float b) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    return *(const uint32_t *)&h;
+}
+
+__device__ __forceinline__ float bf16_lo(float v) { return v - __bfloat162float(__float2bfloat16_rn(v)); }
+
 __global__ void to_bf16_kernel(const float4 *__restrict__ x, int64_t n_valid8, int64_t n_total8,
-                               uint4 *__restrict__ out) {
+                               uint4 *__restrict__ out, uint4 *__restrict__ lo) {
     lm_pdl_enter();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n_total8;
          i += (int64_t)gridDim.x * blockDim.x) {
         float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f), b = a;
         if (i < n_valid8) a = x[2 * i], b = x[2 * i + 1];
-        const __nv_bfloat162 h0 = __floats2bfloat162_rn(a.x, a.y), h1 = __floats2bfloat162_rn(a.z, a.w);
-        const __nv_bfloat162 h2 = __floats2bfloat162_rn(b.x, b.y), h3 = __floats2bfloat162_rn(b.z, b.w);
-        out[i] = make_uint4(*(const uint32_t *)&h0, *(const uint32_t *)&h1, *(const uint32_t *)&h2,
-                            *(const uint32_t *)&h3);
+        out[i] = make_uint4(bf16_pair(a.x, a.y), bf16_pair(a.z, a.w), bf16_pair(b.x, b.y), bf16_pair(b.z, b.w));
+        if (lo)
+            lo[i] = make_uint4(bf16_pair(bf16_lo(a.x), bf16_lo(a.y)), bf16_pair(bf16_lo(a.z), bf16_lo(a.w)),
+                               bf16_pair(bf16_lo(b.x), bf16_lo(b.y)), bf16_pair(bf16_lo(b.z), bf16_lo(b.w)));
     }
 }
 
@@ -459,7 +476,7 @@ static bool cublas_ok(lm_cuda_backend *cu, cublasStatus_t s, const char *what) {
  * anything else converts as before. Cheap when unused: 2 bytes an element. */
 __nv_bfloat16 *lm_cuda_gemm_input(lm_cuda_backend *cu, const float *x, int64_t count) {
     cu->gemm_in_src = NULL;
-    if (!cu->fused || lm_cuda_replaying(cu) || count <= 0 || count % 8 != 0) return NULL;
+    if (!cu->fused || cu->precise || lm_cuda_replaying(cu) || count <= 0 || count % 8 != 0) return NULL;
     void *xb = lm_cuda_scratch(cu, LM_CUDA_SCR_XB, (size_t)count * 2);
     if (!xb) return NULL;
     cu->gemm_in_src = x;
@@ -468,15 +485,39 @@ __nv_bfloat16 *lm_cuda_gemm_input(lm_cuda_backend *cu, const float *x, int64_t c
     return (__nv_bfloat16 *)xb;
 }
 
+/* The precise mode (LUMEN_CUDA_PRECISE=1): the GEMM path takes its bf16 activations
+ * in two parts, hi = bf16(x) and lo = bf16(x - hi), through two products summed (C =
+ * W hi, then C += W lo: x to ~16 significant bits instead of 8; no bf16 hand-off), and
+ * the matrix-vector kernel rounds quantized and f16 weights to bf16 as it decodes them,
+ * the values the GEMMs read (the 8-bit kernel off: cuda_backend.cu), so a token's products in a batch and alone
+ * differ only in their f32 summation order. Why: the default paths are two slightly
+ * different models (f32 vs bf16 activations, exact vs bf16-rounded weights), and any
+ * rounding to bf16 between layers amplifies a difference to bf16's scale within a few
+ * layers. Measured on the H200 (twenty-third session): `golden_engine` on the real
+ * SmolLM2 Q4_1 file, 2 / 2 / 3 of 32 prompts differ from alone at top-two gaps up to
+ * 0.0696 by default, 0 / 0 / 0 in this mode (1 of 32 at 0.0109 with the split alone,
+ * 2-3 at 0.0509 with the rounding alone), 0 / 0 / 0 on its bf16 conversion (4 / 4 / 4
+ * by default). Its cost: both products read the weights (1.5B bf16, tokens/s: x8
+ * 4,549 -> 2,633, x64 34,365 -> 19,995, x256 80,257 -> 48,309; Q4_K_M x64 32,832 ->
+ * 19,096). F32 weights take f32 activations anyway. */
+static bool gemm_split(const lm_cuda_backend *cu, bool f32) { return cu->precise && !f32; }
+
+/* Where the lo part starts in prepared activations (elements after xs), 0 for none. */
+static int64_t gemm_lo_offset(const lm_cuda_backend *cu, bool f32, int64_t n, int64_t cols) {
+    const int64_t chunk = gemm_chunk_of(cu, n);
+    return gemm_split(cu, f32) ? (n + chunk - 1) / chunk * chunk * cols : 0;
+}
+
 /* The GEMM path's activations: x [n][cols] padded to a whole number of chunks, as f32
- * (F32 weights) or rounded to bf16, in the XB scratch (the padding's columns of the
- * product are never read, so a handed-off bf16 copy needs none). NULL on failure
- * (error recorded). */
+ * (F32 weights) or rounded to bf16 (and its lo part after it, gemm_split), in the XB
+ * scratch (the padding's columns of the product are never read, so a handed-off bf16
+ * copy needs none). NULL on failure (error recorded). */
 static const void *gemm_prepare_x(lm_cuda_backend *cu, bool f32, const float *x, int64_t n, int64_t cols) {
     const int64_t chunk = gemm_chunk_of(cu, n), n_pad = (n + chunk - 1) / chunk * chunk;
-    const size_t bytes = (size_t)(n_pad * cols) * (f32 ? 4 : 2);
-    if (!f32 && cu->gemm_in_src == x && cu->gemm_in_count == n * cols && cu->gemm_in_seq + 1 == cu->op_seq &&
-        cu->scr_cap[LM_CUDA_SCR_XB] >= bytes)
+    const int64_t lo_off = gemm_lo_offset(cu, f32, n, cols);
+    const size_t bytes = (size_t)(n_pad * cols) * (f32 ? 4 : 2) * (lo_off ? 2 : 1);
+    if (!f32 && !lo_off && cu->gemm_in_src == x && cu->gemm_in_count == n * cols &&
+        cu->gemm_in_seq + 1 == cu->op_seq && cu->scr_cap[LM_CUDA_SCR_XB] >= bytes)
         return cu->scr[LM_CUDA_SCR_XB];
     cu->gemm_in_src = NULL; /* XB is rewritten below */
     void *xs = lm_cuda_scratch(cu, LM_CUDA_SCR_XB, bytes);
@@ -489,8 +530,9 @@ static const void *gemm_prepare_x(lm_cuda_backend *cu, bool f32, const float *x,
             return NULL;
     } else {
         /* cols is a multiple of 8 (every format's rows are), the buffers aligned */
+        uint4 *lo = lo_off ? (uint4 *)((__nv_bfloat16 *)xs + lo_off) : NULL;
         lm_cuda_launch(cu, to_bf16_kernel, lm_cuda_blocks(n_pad * cols / 8, 256), 256, (const float4 *)x,
-                       n * cols / 8, n_pad * cols / 8, (uint4 *)xs);
+                       n * cols / 8, n_pad * cols / 8, (uint4 *)xs, lo);
         if (!lm_cuda_launched(cu, "to_bf16_kernel")) return NULL;
     }
     return xs;
@@ -567,21 +609,29 @@ static void copies_decide(lm_cuda_backend *cu, const lm_weight *const *w, int n_
 }
 
 /* C [chunk][nr] (column-major nr x chunk) = A [nr][cols] times the chunk of prepared
- * activations xs starting at token c0: the one cuBLAS call of the GEMM path. */
-static bool gemm_call(lm_cuda_backend *cu, bool f32, const void *A, int64_t nr, int64_t cols, const void *xs,
-                      int64_t c0, int64_t chunk, float *C) {
-    if (!f32 && lm_cuda_gemm_lt(cu, A, nr, cols, (const __nv_bfloat16 *)xs + c0 * cols, chunk, C))
+ * activations xs starting at token c0: the one cuBLAS call of the GEMM path, or two
+ * with a lo part lo_off elements after xs (gemm_split), the second adding into C. */
+static bool gemm_call1(lm_cuda_backend *cu, bool f32, const void *A, int64_t nr, int64_t cols, const void *xs,
+                       int64_t c0, int64_t chunk, float *C, bool accumulate) {
+    if (!f32 && lm_cuda_gemm_lt(cu, A, nr, cols, (const __nv_bfloat16 *)xs + c0 * cols, chunk, C, accumulate))
         return cu->err == LM_OK;
-    const float one = 1.0f, zero = 0.0f;
+    const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     cublasStatus_t s;
     if (f32)
         s = cublasSgemm(cu->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, (int)chunk, (int)cols, &one, (const float *)A,
-                        (int)cols, (const float *)xs + c0 * cols, (int)cols, &zero, C, (int)nr);
+                        (int)cols, (const float *)xs + c0 * cols, (int)cols, &beta, C, (int)nr);
     else
         s = cublasGemmEx(cu->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, (int)chunk, (int)cols, &one, A, CUDA_R_16BF,
-                         (int)cols, (const __nv_bfloat16 *)xs + c0 * cols, CUDA_R_16BF, (int)cols, &zero, C,
+                         (int)cols, (const __nv_bfloat16 *)xs + c0 * cols, CUDA_R_16BF, (int)cols, &beta, C,
                          CUDA_R_32F, (int)nr, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     return cublas_ok(cu, s, f32 ? "cublasSgemm" : "cublasGemmEx");
+}
+
+static bool gemm_call(lm_cuda_backend *cu, bool f32, const void *A, int64_t nr, int64_t cols, const void *xs,
+                      int64_t lo_off, int64_t c0, int64_t chunk, float *C) {
+    return gemm_call1(cu, f32, A, nr, cols, xs, c0, chunk, C, false) &&
+           (!lo_off ||
+            gemm_call1(cu, f32, A, nr, cols, (const __nv_bfloat16 *)xs + lo_off, c0, chunk, C, true));
 }
 
 /* y = W x on prepared activations xs (gemm_prepare_x with f32 = W is F32). A GEMM of a
@@ -592,7 +642,7 @@ static void gemm_run(lm_cuda_backend *cu, const lm_weight *w, const void *xs, in
     const int64_t rows = w->rows, cols = w->cols;
     const int64_t chunk = gemm_chunk_of(cu, n), n_pad = (n + chunk - 1) / chunk * chunk;
     const bool f32 = w->type == LM_DTYPE_F32, bf16 = w->type == LM_DTYPE_BF16;
-    const int64_t rt = gemm_row_tile(w, chunk);
+    const int64_t rt = gemm_row_tile(w, chunk), lo_off = gemm_lo_offset(cu, f32, n, cols);
     const bool whole_rows = rt == rows;
 
     float *ys = NULL;
@@ -619,7 +669,7 @@ static void gemm_run(lm_cuda_backend *cu, const lm_weight *w, const void *xs, in
             const int64_t nv = n - c0 < chunk ? n - c0 : chunk;
             const bool in_place = whole_rows && nv == chunk;
             float *C = in_place ? y + c0 * rows : ys;
-            if (!gemm_call(cu, f32, A, nr, cols, xs, c0, chunk, C)) return;
+            if (!gemm_call(cu, f32, A, nr, cols, xs, lo_off, c0, chunk, C)) return;
             if (in_place) continue;
             /* ys is column-major [chunk][nr]: token t's nr values are contiguous */
             if (!lm_cuda_ok(cu,
@@ -807,7 +857,7 @@ static void packed_run(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, 
     if (!ys || cu->err) return;
     for (int64_t c0 = 0; c0 < n; c0 += chunk) {
         const int64_t nv = n - c0 < chunk ? n - c0 : chunk;
-        if (!gemm_call(cu, f32, A, rows_all, cols, xs, c0, chunk, ys)) return;
+        if (!gemm_call(cu, f32, A, rows_all, cols, xs, gemm_lo_offset(cu, f32, n, cols), c0, chunk, ys)) return;
         if (swiglu_out) {
             /* the down projection's bf16 input handed off only when no later chunk's
              * GEMM still reads the activations from the same scratch */

@@ -20,6 +20,9 @@ typedef struct mv_set {
     int rows[MV_MAX_SET], end[MV_MAX_SET];
     int type[MV_MAX_SET]; /* lm_dtype: the 8-bit kernel's sets may mix Q4_K and Q6_K */
     int n_w;
+    /* the matrix-vector kernel rounds the decoded weights to bf16, the values the
+     * GEMMs read (the precise mode: cuda_matmul.cu, gemm_split) */
+    bool round_w;
 } mv_set;
 
 __device__ __forceinline__ int mv_which(const mv_set &s, int row) {
@@ -94,12 +97,12 @@ bool lm_cuda_tc_supports(const lm_weight *w);
 void lm_cuda_matmul_tc(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, const float *x, int64_t n,
                        float *const *y);
 
-/* C (f32, column-major rows x chunk) = A^T B, A bf16 [rows][cols], B bf16
- * [chunk][cols], through cuBLASLt with the shape's timed algorithm
- * (cuda_gemm_algo.cu). false: not done, the caller uses cublasGemmEx; true: done or
- * failed (error recorded). */
+/* C (f32, column-major rows x chunk) = A^T B, or C += A^T B where accumulate, A bf16
+ * [rows][cols], B bf16 [chunk][cols], through cuBLASLt with the shape's timed
+ * algorithm (cuda_gemm_algo.cu). false: not done, the caller uses cublasGemmEx; true:
+ * done or failed (error recorded). */
 bool lm_cuda_gemm_lt(lm_cuda_backend *cu, const void *A, int64_t rows, int64_t cols, const void *B, int64_t chunk,
-                     float *C);
+                     float *C, bool accumulate);
 
 /* The packed gate/up product's chunk ys [nv][2 * ff] (gate then up, per token; ff a
  * multiple of 4, ys and out 16-byte aligned) to out[t][r] = silu(gate) * up
