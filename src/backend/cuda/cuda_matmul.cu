@@ -169,7 +169,19 @@ __device__ __forceinline__ int mv_row_of(const mv_set &set, int row, int *lr) {
 /* acc[t] += the 8 weights of chunk c times token t0 + t's activations there, for the
  * block's NT tokens, one multiply-add at a time in element order (both of mv_kernel's
  * loops: their sums are the same to the bit). */
-__device__ __forceinline__ float mv_bf16_round(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+/* The precise mode's weights (set.round_w): the 8 decoded values rounded to bf16, the
+ * values the GEMMs read. Not compiled for BF16 and F32 weights, whose kernels stay
+ * the default's instruction for instruction: with the run-time branch there too
+ * (never taken for them), their PTX grew by half and bf16 batch 1 measured 720
+ * instead of ~825 tokens/s (H200, 1.5B, twenty-third session). */
+template <int T>
+__device__ __forceinline__ void mv_round_weights(const mv_set &set, float *w) {
+    if constexpr (T != LM_DTYPE_BF16 && T != LM_DTYPE_F32) {
+        if (set.round_w)
+#pragma unroll
+            for (int i = 0; i < 8; i++) w[i] = __bfloat162float(__float2bfloat16_rn(w[i]));
+    }
+}
 
 template <int NT>
 __device__ __forceinline__ void mv_fma8(float *acc, const float *w, const float *__restrict__ x, int cols, int c,
@@ -264,9 +276,7 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MIN_BLOCKS)
                 const int c = part * 32 + lane + j * wpr * 32;
                 float w[8];
                 deq8_words<T>(raw[j], w);
-                if (set.round_w)
-#pragma unroll
-                    for (int i = 0; i < 8; i++) w[i] = mv_bf16_round(w[i]);
+                mv_round_weights<T>(set, w);
                 mv_fma8<NT>(acc, w, x, cols, c, t0, n);
             }
         } else {
@@ -281,9 +291,7 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MIN_BLOCKS)
             for (int c = part * 32 + lane; c < n_chunks; c += wpr * 32) {
                 float w[8];
                 deq8<T>(wr, c, w);
-                if (set.round_w)
-#pragma unroll
-                    for (int i = 0; i < 8; i++) w[i] = mv_bf16_round(w[i]);
+                mv_round_weights<T>(set, w);
                 mv_fma8<NT>(acc, w, x, cols, c, t0, n);
             }
         }
