@@ -11,7 +11,8 @@
 # On the GPU machine it builds "work" (the working tree) and every .alt/<name>, runs
 # test_backend_ops on the working tree when OPS=1, on every tree (side by side) when
 # OPS=all (OPS_T seconds at most, default 150),
-# then each line of RUNS ("tree model sequences [VAR=value ...]", ';'-separated; model
+# then each line of RUNS ("tree model sequences [VAR=value ...] [--option=value ...]",
+# ';'-separated, options going to lumen bench; model
 # GGUF or HF, the Qwen2.5-1.5B-shaped files of cuda_env.sh) REPS times (default 2),
 # alternating, printing the decode tokens/s of `lumen bench MODEL --backend cuda -p 64
 # --parallel N --parallel-prompt 128 -n 128 -r 3` (median of 3). Logs go to $OUT.
@@ -73,9 +74,14 @@ for _ in $(seq "${REPS:-2}"); do
     read -r tree model par envs <<< "$line"
     file="$GGUF"
     [ "$model" = HF ] && file="$HF"
-    # shellcheck disable=SC2086 # envs: VAR=value words
-    r=$(env ${envs:-} timeout 100 "$ROOT0/build-cuda-$tree/lumen" bench "$file" --backend cuda \
-      -p 64 --parallel "$par" --parallel-prompt 128 -n 128 -r 3 2>&1 | grep -E "^ +$par " | awk '{print $3}')
+    # words of envs starting with -- go to lumen bench (--logits=greedy: --logits greedy)
+    vars="" args=""
+    for w in ${envs:-}; do
+      case "$w" in --*) args="$args ${w%%=*} ${w#*=}" ;; *) vars="$vars $w" ;; esac
+    done
+    # shellcheck disable=SC2086 # VAR=value and option words
+    r=$(env $vars timeout 100 "$ROOT0/build-cuda-$tree/lumen" bench "$file" --backend cuda \
+      -p 64 --parallel "$par" --parallel-prompt 128 -n 128 -r 3 $args 2>&1 | grep -E "^ +$par " | awk '{print $3}')
     printf '%-16s %-4s x%-4s %-40s %s\n' "$tree" "$model" "$par" "${envs:-}" "${r:-failed}"
   done
 done

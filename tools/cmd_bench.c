@@ -7,8 +7,9 @@
  * decode steps, each ONE forward pass over N tokens (one per sequence, each its own
  * KV sequence): aggregate tokens/s = N * steps / time. What each step returns to the
  * host (--logits): `topk` (the default) the 64 best candidates of every sequence's
- * row, reduced by the backend (what greedy and top-k sampling need: the engine's
- * candidate path); `all` the full logits of all N tokens (what any other sampling
+ * row, reduced by the backend (what top-k sampling needs: the engine's candidate
+ * path); `greedy` each row's best logit only (what the engine's candidate path asks
+ * for when every sequence of the step decodes greedily); `all` the full logits of all N tokens (what any other sampling
  * needs: 600 KB per token of a 152k vocabulary); `last` only the last token's, which
  * leaves out the head's extra rows and the copy.
  * Token ids are fixed pseudo-random ids, so no tokenizer is involved. */
@@ -40,8 +41,8 @@ typedef struct bench_opts {
 } bench_opts;
 
 /* what a --parallel decode step returns to the host */
-typedef enum logits_mode { LOGITS_TOPK, LOGITS_ALL, LOGITS_LAST } logits_mode;
-static const char *const k_logits_names[] = {"topk", "all", "last"};
+typedef enum logits_mode { LOGITS_TOPK, LOGITS_ALL, LOGITS_LAST, LOGITS_GREEDY } logits_mode;
+static const char *const k_logits_names[] = {"topk", "all", "last", "greedy"};
 enum { TOPK_K = LM_SAMPLER_CANDIDATES };
 
 /* one --parallel measurement: medians over the repetitions */
@@ -65,10 +66,11 @@ static void usage(FILE *f) {
             "  --parallel LIST    decode with N sequences together, for each N of a comma list\n"
             "                     (e.g. 1,8,64,256): -n steps of one N-token batch (default: off)\n"
             "  --parallel-prompt N  prompt tokens of each sequence before --parallel decoding (default: 128)\n"
-            "  --logits topk|all|last  what --parallel steps return: the 64 best logits of every\n"
-            "                     sequence, reduced on the backend (topk, default: what greedy and\n"
-            "                     top-k sampling need), the logits of every sequence (all), or of\n"
-            "                     the last token only (last)\n"
+            "  --logits topk|greedy|all|last  what --parallel steps return: the 64 best logits\n"
+            "                     of every sequence, reduced on the backend (topk, default: what\n"
+            "                     top-k sampling needs), the best one (greedy: what greedy decoding\n"
+            "                     needs), the logits of every sequence (all), or of the last token\n"
+            "                     only (last)\n"
             "  --json             one JSON object on stdout (default: a table)\n");
 }
 
@@ -135,15 +137,16 @@ static lm_status run_parallel_once(lm_model_internal *m, int N, int prompt, int 
     int32_t *seq = malloc(sizeof(int32_t) * (size_t)n_cap);
     int8_t *want = malloc((size_t)N);
     float *logits = lm_backend_host_alloc(m->backend, sizeof(float) * (size_t)((all_logits ? N : 1) * n_vocab));
-    /* topk: page-locked like the logits, as the engine keeps them */
-    int k = n_vocab < TOPK_K ? (int)n_vocab : TOPK_K;
+    /* topk, greedy: page-locked like the logits, as the engine keeps them */
+    const bool cands = mode == LOGITS_TOPK || mode == LOGITS_GREEDY;
+    int k = mode == LOGITS_GREEDY ? 1 : n_vocab < TOPK_K ? (int)n_vocab : TOPK_K;
     lm_topk_out out = {k, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
-    if (mode == LOGITS_TOPK) {
+    if (cands) {
         out.ids = lm_backend_host_alloc(m->backend, sizeof(int32_t) * (size_t)N * (size_t)k);
         out.vals = lm_backend_host_alloc(m->backend, sizeof(float) * (size_t)N * (size_t)k);
         out.row_max = lm_backend_host_alloc(m->backend, sizeof(float) * (size_t)N);
     }
-    bool topk_ok = mode != LOGITS_TOPK || (out.ids && out.vals && out.row_max);
+    bool topk_ok = !cands || (out.ids && out.vals && out.row_max);
     lm_status st = (!tok || !pos || !seq || !want || !logits || !topk_ok)
                        ? lm_error(LM_ERR_NO_MEMORY, "out of memory for %d sequences", N)
                        : lm_kv_cache_for_model(m, prompt + steps + 1, N, LM_DTYPE_F16, &kv);
@@ -171,7 +174,7 @@ static lm_status run_parallel_once(lm_model_internal *m, int N, int prompt, int 
             pos[k] = prompt + i;
         }
         lm_batch step = {N, tok, pos, seq, mode == LOGITS_LAST ? NULL : want};
-        st = mode == LOGITS_TOPK ? lm_forward_topk(m, kv, &step, &out) : lm_forward(m, kv, &step, logits);
+        st = cands ? lm_forward_topk(m, kv, &step, &out) : lm_forward(m, kv, &step, logits);
     }
     *prefill_s = t1 - t0;
     *decode_s = now_s() - t1;
@@ -261,7 +264,7 @@ int cmd_bench(int argc, char **argv) {
                 o.backend = v;
             } else if (ok && !strcmp(a, "--logits")) {
                 ok = false;
-                for (int mde = 0; mde < 3; mde++)
+                for (int mde = 0; mde < (int)(sizeof k_logits_names / sizeof k_logits_names[0]); mde++)
                     if (!strcmp(v, k_logits_names[mde])) ok = true, o.logits = mde;
             } else if (ok)
                 ok = parse_list(v, &o);
@@ -347,8 +350,11 @@ int cmd_bench(int argc, char **argv) {
             if (n_par) {
                 cJSON_AddNumberToObject(j, "parallel_prompt", o.par_prompt);
                 cJSON_AddStringToObject(j, "logits", k_logits_names[o.logits]);
-                if (o.logits == LOGITS_TOPK)
-                    cJSON_AddNumberToObject(j, "logits_topk_k", m->hp.n_vocab < TOPK_K ? m->hp.n_vocab : TOPK_K);
+                if (o.logits == LOGITS_TOPK || o.logits == LOGITS_GREEDY)
+                    cJSON_AddNumberToObject(j, "logits_topk_k",
+                                            o.logits == LOGITS_GREEDY ? 1
+                                            : m->hp.n_vocab < TOPK_K  ? m->hp.n_vocab
+                                                                      : TOPK_K);
                 cJSON *arr = cJSON_AddArrayToObject(j, "parallel");
                 for (int i = 0; i < n_par; i++) {
                     cJSON *e = cJSON_CreateObject();
@@ -379,9 +385,10 @@ int cmd_bench(int argc, char **argv) {
             if (n_par)
                 printf("parallel: %d-token prompts, %d decode steps, --logits %s (%s)\n%8s %16s %16s %10s\n",
                        o.par_prompt, o.n_gen, k_logits_names[o.logits],
-                       o.logits == LOGITS_TOPK  ? "the 64 best logits of every sequence"
-                       : o.logits == LOGITS_ALL ? "the logits of every sequence"
-                                                : "the logits of the last token",
+                       o.logits == LOGITS_TOPK     ? "the 64 best logits of every sequence"
+                       : o.logits == LOGITS_GREEDY ? "the best logit of every sequence"
+                       : o.logits == LOGITS_ALL    ? "the logits of every sequence"
+                                                   : "the logits of the last token",
                        "seqs",
                        "prefill tok/s", "decode tok/s", "ms/step");
             for (int i = 0; i < n_par; i++) {

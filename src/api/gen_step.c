@@ -146,6 +146,12 @@ bool lm_gen_candidates_ok(const lm_gen *g, int k) {
     return g && g->sampler && !g->want_logprobs && g->n_top == 0 && lm_sampler_candidates_ok(g->sampler, k);
 }
 
+int lm_gen_candidates_k(const lm_gen *g, int k_max) {
+    if (k_max < 1) return 0;
+    if (lm_gen_candidates_ok(g, 1)) return 1;
+    return lm_gen_candidates_ok(g, k_max) ? k_max : 0;
+}
+
 bool lm_gen_candidates_suffice(const lm_gen *g, const lm_candidates *c) {
     return c && lm_gen_candidates_ok(g, c->k) && lm_sampler_candidates_suffice(g->sampler, c);
 }

@@ -79,6 +79,12 @@ lm_status lm_gen_sample(lm_gen *g, const float *logits, bool full, lm_finish_rea
  * they need the whole row's log-softmax, and lm_sampler_candidates_ok). */
 bool lm_gen_candidates_ok(const lm_gen *g, int k);
 
+/* How many candidates a row of this generation needs, at most k_max: 1 where the best
+ * alone settles every step (greedy), k_max where k_max do, 0 where none will (or
+ * k_max < 1: the candidate path is off). A greedy step then reduces each row to its
+ * best logit only, the lighter reduction. */
+int lm_gen_candidates_k(const lm_gen *g, int k_max);
+
 /* Whether this row's candidates settle the step exactly; else sample the full row. */
 bool lm_gen_candidates_suffice(const lm_gen *g, const lm_candidates *c);
 

@@ -33,6 +33,7 @@ struct lm_context {
     /* the candidate path (sampling.h): when the request can be sampled from its
      * row's best cand_k logits, only those come back from the last token */
     int cand_k;
+    int step_k;          /* the last feed's candidates a row (1 when greedy)  */
     int32_t *cand_ids;   /* [cand_k]                                          */
     float *cand_vals;    /* [cand_k]                                          */
     float *cand_max;     /* [1]                                               */
@@ -140,7 +141,7 @@ void lm_context_reset(lm_context *ctx) {
 }
 
 static lm_candidates ctx_candidates(const lm_context *ctx) {
-    return (lm_candidates){(size_t)ctx->model->m->hp.n_vocab, ctx->cand_k, ctx->cand_ids, ctx->cand_vals,
+    return (lm_candidates){(size_t)ctx->model->m->hp.n_vocab, ctx->step_k, ctx->cand_ids, ctx->cand_vals,
                            ctx->cand_max[0]};
 }
 
@@ -158,8 +159,9 @@ static bool need_full(void *user, int64_t row) {
  * before. */
 static lm_status ctx_feed(lm_context *ctx, lm_request *r, const int32_t *tokens, int64_t n) {
     for (int64_t i = 0; i < n; i++) ctx->pos[i] = (int32_t)(ctx->n_tokens + i);
-    ctx->have_cands = lm_gen_candidates_ok(&r->gen, ctx->cand_k);
-    lm_topk_out out = {.k = ctx->cand_k, .ids = ctx->cand_ids, .vals = ctx->cand_vals, .row_max = ctx->cand_max,
+    ctx->step_k = lm_gen_candidates_k(&r->gen, ctx->cand_k);
+    ctx->have_cands = ctx->step_k > 0;
+    lm_topk_out out = {.k = ctx->step_k, .ids = ctx->cand_ids, .vals = ctx->cand_vals, .row_max = ctx->cand_max,
                        .need_full = need_full, .user = r, .full = ctx->logits, .fetched = &ctx->cand_full};
     lm_status st = ctx->have_cands ? lm_model_forward_topk(ctx->model, ctx->kv, tokens, ctx->pos, ctx->seq, n, &out)
                                    : lm_model_forward(ctx->model, ctx->kv, tokens, ctx->pos, ctx->seq, n, ctx->logits);

@@ -155,6 +155,7 @@ struct lm_engine {
      * from its row's topk_k best logits, only those come back (page-locked like
      * `logits`); topk_k 0: off (LUMEN_LOGITS_TOPK=0) */
     int topk_k;
+    int step_k;         /* the last candidate pass's candidates a row: 1 when every row was greedy */
     int32_t *cand_ids;  /* [batch_size + 1][topk_k] */
     float *cand_vals;   /* [batch_size + 1][topk_k] */
     float *cand_max;    /* [batch_size + 1]         */

@@ -156,8 +156,8 @@ static void reserve(lm_engine *e, pubs *ps) {
 
 /* The candidates of row i of the last candidate pass. */
 static lm_candidates row_candidates(const lm_engine *e, int64_t i) {
-    size_t k = (size_t)e->topk_k;
-    return (lm_candidates){(size_t)e->n_vocab, e->topk_k, e->cand_ids + (size_t)i * k, e->cand_vals + (size_t)i * k,
+    size_t k = (size_t)e->step_k;
+    return (lm_candidates){(size_t)e->n_vocab, e->step_k, e->cand_ids + (size_t)i * k, e->cand_vals + (size_t)i * k,
                            e->cand_max[i]};
 }
 
@@ -175,13 +175,19 @@ static bool need_full(void *user, int64_t row) {
 }
 
 /* One forward pass over the batch: the candidates of the rows when every request
- * sampling this step can take them (*cands), else the full logits as always. */
+ * sampling this step can take them (*cands; the best logit alone when every one is
+ * greedy), else the full logits as always. */
 static lm_status run_batch(lm_engine *e, const lm_batch *batch, lm_engine_request *const *with_logits, int64_t n_out,
                            bool *cands) {
-    *cands = e->topk_k > 0 && n_out > 0;
-    for (int64_t i = 0; i < n_out && *cands; i++) *cands = lm_gen_candidates_ok(&with_logits[i]->gen, e->topk_k);
+    int k = n_out > 0 ? 1 : 0;
+    for (int64_t i = 0; i < n_out && k > 0; i++) {
+        const int need = lm_gen_candidates_k(&with_logits[i]->gen, e->topk_k);
+        k = need == 0 ? 0 : need > k ? need : k;
+    }
+    e->step_k = k;
+    *cands = k > 0;
     need_full_ctx ctx = {e, with_logits};
-    lm_topk_out out = {e->topk_k, e->cand_ids, e->cand_vals, e->cand_max, NULL, need_full, &ctx, e->logits,
+    lm_topk_out out = {k, e->cand_ids, e->cand_vals, e->cand_max, NULL, need_full, &ctx, e->logits,
                        e->cand_full};
     pthread_mutex_lock(&e->model->forward_lock);
     lm_status st = *cands ? lm_forward_topk(e->model->m, e->kv, batch, &out)

@@ -682,6 +682,13 @@ lm_status lm_cuda_logits_topk(lm_backend *b, const float *logits, int64_t n_rows
                               int32_t *ids, float *vals, float *row_max, float *row_lse);
 }
 
+/* logits_topk's k = 1 without a log-sum-exp (cuda_topk_argmax.cu): each row's best id,
+ * its logit and the max (or the NaN mark) into the device outputs, the slices' results
+ * in work (lm_cuda_argmax_work_bytes of it). false: a launch failed (recorded). */
+bool lm_cuda_argmax_rows(lm_cuda_backend *cu, const float *logits, int64_t n_rows, int64_t n_vocab, int32_t *d_ids,
+                         float *d_vals, float *d_max, void *work, size_t work_bytes);
+size_t lm_cuda_argmax_work_bytes(int64_t n_rows, int64_t n_vocab);
+
 /* The weight formats the kernels decode on the device (cuda_dequant.cuh). */
 bool lm_cuda_native_type(lm_dtype type);
 

@@ -53,7 +53,10 @@
  * radix select narrows the k-th largest key down on 11, 11 and 10 bits (histograms
  * in shared memory, stopping early once the chosen bin holds exactly the entries
  * still needed); a block-wide scan of ballots in item order gives each taken entry
- * its place in the id-ordered output. */
+ * its place in the id-ordered output.
+ *
+ * k = 1 without the log-sum-exp (a greedy step) takes two lighter launches instead
+ * (cuda_topk_argmax.cu), with the same outputs. */
 #include <climits>
 
 #include "backend/cuda/cuda_internal.cuh"
@@ -705,6 +708,33 @@ bool bound_turned_off() {
 }
 size_t align16(size_t x) { return (x + 15) & ~(size_t)15; }
 
+/* The outputs at dev ([ids nk][vals nk][max nr][lse nr], side by side on the device)
+ * to the caller's buffers: one copy into the page-locked staging buffer, then to the
+ * host buffers (each copy of the four apart cost its own few microseconds a step). */
+lm_status copy_home(lm_cuda_backend *cu, const void *dev, size_t nk, size_t nr, bool ok, int32_t *ids, float *vals,
+                    float *row_max, float *row_lse) {
+    const size_t out_used = (2 * nk + (row_lse ? 2 : 1) * nr) * sizeof(float);
+    if (ok && cu->topk_host_cap < out_used) {
+        if (cu->topk_host) cudaFreeHost(cu->topk_host);
+        cu->topk_host = NULL;
+        cu->topk_host_cap = 0;
+        ok = lm_cuda_ok(cu, cudaMallocHost(&cu->topk_host, out_used), "logits_topk (page-locked staging)");
+        if (ok) cu->topk_host_cap = out_used;
+    }
+    ok = ok && lm_cuda_ok(cu, cudaMemcpyAsync(cu->topk_host, dev, out_used, cudaMemcpyDeviceToHost, cu->stream),
+                          "logits_topk (candidates to the host)");
+    lm_cuda_replay_time_tail(cu);
+    lm_cuda_ok(cu, cudaStreamSynchronize(cu->stream), "logits_topk (synchronize)");
+    if (ok && cu->err == LM_OK) {
+        const char *h = (const char *)cu->topk_host;
+        memcpy(ids, h, nk * sizeof(int32_t));
+        memcpy(vals, h + nk * sizeof(int32_t), nk * sizeof(float));
+        memcpy(row_max, h + 2 * nk * sizeof(float), nr * sizeof(float));
+        if (row_lse) memcpy(row_lse, h + (2 * nk + nr) * sizeof(float), nr * sizeof(float));
+    }
+    return lm_cuda_take_error(cu);
+}
+
 } // namespace
 
 extern "C" lm_status lm_cuda_logits_topk(lm_backend *b, const float *logits, int64_t n_rows, int64_t n_vocab, int k,
@@ -723,6 +753,17 @@ extern "C" lm_status lm_cuda_logits_topk(lm_backend *b, const float *logits, int
     if (lm_cuda_recorded_pass(cu)) lm_cuda_fail(cu, LM_ERR_INTERNAL, "logits_topk inside a forward pass");
     lm_status st = lm_cuda_take_error(cu); /* an earlier op's error: the logits are not valid */
     if (st) return st;
+    const size_t nk = (size_t)n_rows * (size_t)k, nr = (size_t)n_rows;
+    const size_t out_bytes = align16((2 * nk + 2 * nr) * sizeof(float));
+    if (k == 1 && !row_lse) { /* a greedy step's: cuda_topk_argmax.cu */
+        const size_t work = lm_cuda_argmax_work_bytes(n_rows, n_vocab);
+        char *dev = (char *)lm_cuda_scratch(cu, LM_CUDA_SCR_TOPK, out_bytes + work);
+        if (!dev) return lm_cuda_take_error(cu);
+        int32_t *d_ids = (int32_t *)dev;
+        float *d_vals = (float *)(d_ids + nk), *d_max = d_vals + nk;
+        const bool ok = lm_cuda_argmax_rows(cu, logits, n_rows, n_vocab, d_ids, d_vals, d_max, dev + out_bytes, work);
+        return copy_home(cu, dev, nk, nr, ok, ids, vals, row_max, NULL);
+    }
 
     /* the levels, from n_vocab and k only: n_list[0] = slices x k candidates a row,
      * then each mid level's, until they fit the final block */
@@ -745,8 +786,6 @@ extern "C" lm_status lm_cuda_logits_topk(lm_backend *b, const float *logits, int
     /* scratch: [ids n_rows*k][vals n_rows*k][max n_rows][lse n_rows], then a chunk's
      * work: [stats rows][slices] [list A keys, ids: rows x n_list[0]] [list B: rows x
      * n_list[1]] (the mid levels go A -> B -> A ..., each smaller than the one before) */
-    const size_t nk = (size_t)n_rows * (size_t)k, nr = (size_t)n_rows;
-    const size_t out_bytes = align16((2 * nk + 2 * nr) * sizeof(float));
     const size_t per_row = sizeof(slice_stat) * (size_t)n_slices + 8 * (size_t)n_list[0] +
                            (levels > 1 ? 8 * (size_t)n_list[1] : 0) + 8 * (size_t)n_rec;
     int64_t chunk = (int64_t)(CHUNK_BYTES / per_row);
@@ -802,27 +841,5 @@ extern "C" lm_status lm_cuda_logits_topk(lm_backend *b, const float *logits, int
                        want_lse, d_ids + r0 * k, d_vals + r0 * k, d_max + r0, d_lse + r0);
         ok = lm_cuda_launched(cu, "topk_final");
     }
-    /* the outputs sit side by side on the device ([ids][vals][max][lse]): one copy
-     * into the page-locked staging buffer, then to the caller's buffers on the host
-     * (each copy of the four apart cost its own few microseconds a step) */
-    const size_t out_used = (2 * nk + (row_lse ? 2 : 1) * nr) * sizeof(float);
-    if (ok && cu->topk_host_cap < out_used) {
-        if (cu->topk_host) cudaFreeHost(cu->topk_host);
-        cu->topk_host = NULL;
-        cu->topk_host_cap = 0;
-        ok = lm_cuda_ok(cu, cudaMallocHost(&cu->topk_host, out_used), "logits_topk (page-locked staging)");
-        if (ok) cu->topk_host_cap = out_used;
-    }
-    ok = ok && lm_cuda_ok(cu, cudaMemcpyAsync(cu->topk_host, dev, out_used, cudaMemcpyDeviceToHost, cu->stream),
-                          "logits_topk (candidates to the host)");
-    lm_cuda_replay_time_tail(cu);
-    lm_cuda_ok(cu, cudaStreamSynchronize(cu->stream), "logits_topk (synchronize)");
-    if (ok && cu->err == LM_OK) {
-        const char *h = (const char *)cu->topk_host;
-        memcpy(ids, h, nk * sizeof(int32_t));
-        memcpy(vals, h + nk * sizeof(int32_t), nk * sizeof(float));
-        memcpy(row_max, h + 2 * nk * sizeof(float), nr * sizeof(float));
-        if (row_lse) memcpy(row_lse, h + (2 * nk + nr) * sizeof(float), nr * sizeof(float));
-    }
-    return lm_cuda_take_error(cu);
+    return copy_home(cu, dev, nk, nr, ok, ids, vals, row_max, row_lse);
 }
