@@ -166,9 +166,6 @@ __device__ __forceinline__ int mv_row_of(const mv_set &set, int row, int *lr) {
     return k;
 }
 
-/* acc[t] += the 8 weights of chunk c times token t0 + t's activations there, for the
- * block's NT tokens, one multiply-add at a time in element order (both of mv_kernel's
- * loops: their sums are the same to the bit). */
 /* The precise mode's weights (set.round_w): the 8 decoded values rounded to bf16, the
  * values the GEMMs read. Not compiled for BF16 and F32 weights, whose kernels stay
  * the default's instruction for instruction: with the run-time branch there too
@@ -183,6 +180,9 @@ __device__ __forceinline__ void mv_round_weights(const mv_set &set, float *w) {
     }
 }
 
+/* acc[t] += the 8 weights of chunk c times token t0 + t's activations there, for the
+ * block's NT tokens, one multiply-add at a time in element order (both of mv_kernel's
+ * loops: their sums are the same to the bit). */
 template <int NT>
 __device__ __forceinline__ void mv_fma8(float *acc, const float *w, const float *__restrict__ x, int cols, int c,
                                         int t0, int n) {
@@ -417,9 +417,9 @@ __global__ void dequant_bf16_kernel(const uint8_t *__restrict__ W, size_t row_by
 
 /* out[i] = bf16(x[i]) for i < n_valid, 0 up to n_total; eight elements a thread
  * (16-byte stores: the scalar form ran a 512-token prompt's conversions at a third of
- * the memory rate). lo: also lo[i] = bf16(x[i] - out[i]), the part of x its bf16 value
- * misses (the precise mode: gemm_split). n_valid and n_total are multiples of 8, x and out 16-byte
- * aligned. */
+ * the memory rate). lo: also lo[i] = bf16(x[i] - out[i]), the part of x its bf16
+ * value misses (the precise mode: gemm_split). n_valid and n_total are multiples of 8,
+ * x and out 16-byte aligned. */
 __device__ __forceinline__ uint32_t bf16_pair(float a, float b) {
     const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
     return *(const uint32_t *)&h;
@@ -497,8 +497,9 @@ __nv_bfloat16 *lm_cuda_gemm_input(lm_cuda_backend *cu, const float *x, int64_t c
  * in two parts, hi = bf16(x) and lo = bf16(x - hi), through two products summed (C =
  * W hi, then C += W lo: x to ~16 significant bits instead of 8; no bf16 hand-off), and
  * the matrix-vector kernel rounds quantized and f16 weights to bf16 as it decodes them,
- * the values the GEMMs read (the 8-bit kernel off: cuda_backend.cu), so a token's products in a batch and alone
- * differ only in their f32 summation order. Why: the default paths are two slightly
+ * the values the GEMMs read (the 8-bit kernel off: cuda_backend.cu), so a token's
+ * products in a batch and alone differ only by the lo part's rounding (2^-17 of x) and
+ * their f32 summation order (~3e-6, test_backend_ops). Why: the default paths are two slightly
  * different models (f32 vs bf16 activations, exact vs bf16-rounded weights), and any
  * rounding to bf16 between layers amplifies a difference to bf16's scale within a few
  * layers. Measured on the H200 (twenty-third session): `golden_engine` on the real
