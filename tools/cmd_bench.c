@@ -9,9 +9,9 @@
  * host (--logits): `topk` (the default) the 64 best candidates of every sequence's
  * row, reduced by the backend (what top-k sampling needs: the engine's candidate
  * path); `greedy` each row's best logit only (what the engine's candidate path asks
- * for when every sequence of the step decodes greedily); `all` the full logits of all N tokens (what any other sampling
- * needs: 600 KB per token of a 152k vocabulary); `last` only the last token's, which
- * leaves out the head's extra rows and the copy.
+ * for when every sequence of the step decodes greedily); `all` the full logits of all
+ * N tokens (what any other sampling needs: 600 KB per token of a 152k vocabulary);
+ * `last` only the last token's, which leaves out the head's extra rows and the copy.
  * Token ids are fixed pseudo-random ids, so no tokenizer is involved. */
 #include <cjson/cJSON.h>
 #include <stdio.h>
