@@ -62,6 +62,7 @@
 #include <climits>
 
 #include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/cuda_topk.cuh"
 
 namespace {
 
@@ -86,19 +87,9 @@ struct slice_stat {
     int nan;    /* the first id whose logit is NaN, INT_MAX for none           */
 };
 
-__device__ __forceinline__ uint32_t order_key(float x) {
-    uint32_t u = x == 0.0f ? 0u : __float_as_uint(x);
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-/* The float of a key (-0 comes back as +0). */
+/* The float of a key (order_key, cuda_topk.cuh; -0 comes back as +0). */
 __device__ __forceinline__ float key_value(uint32_t k) {
     return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
-}
-
-/* Candidate a goes before candidate b. */
-__device__ __forceinline__ bool better(uint32_t ka, int32_t ia, uint32_t kb, int32_t ib) {
-    return ka > kb || (ka == kb && ia < ib);
 }
 
 /* Shared memory of the select and the ordered compaction of NT threads x IT items.

@@ -13,12 +13,13 @@
  *                        as the general path does (the first NaN's id and logit, a
  *                        quiet NaN as the max).
  *
- * The keys are cuda_topk.cu's order-preserving ones (-0 keyed as +0, so ties between
- * -0 and +0 go to the lower id, as the CPU reference breaks them). A row's outputs
+ * The keys and the order are the general path's (cuda_topk.cuh: -0 keyed as +0, so
+ * ties between -0 and +0 go to the lower id, as the CPU reference breaks them). A row's outputs
  * depend on its own logits alone. */
 #include <climits>
 
 #include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/cuda_topk.cuh"
 
 namespace {
 
@@ -32,14 +33,9 @@ struct arg_best {
     int32_t nan; /* the first NaN id, INT_MAX for none */
 };
 
-__device__ __forceinline__ uint32_t arg_key(float x) {
-    const uint32_t u = x == 0.0f ? 0u : __float_as_uint(x);
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-/* b into a: the larger key, the lower id on a tie; the lower NaN id */
+/* b into a: the better candidate (cuda_topk.cuh's order); the lower NaN id */
 __device__ __forceinline__ void arg_merge(arg_best &a, const arg_best &b) {
-    if (b.key > a.key || (b.key == a.key && b.id < a.id)) a.key = b.key, a.id = b.id;
+    if (better(b.key, b.id, a.key, a.id)) a.key = b.key, a.id = b.id;
     a.nan = min(a.nan, b.nan);
 }
 
@@ -77,7 +73,7 @@ __global__ void __launch_bounds__(ARG_THREADS)
             b.nan = min(b.nan, (int32_t)i);
             continue;
         }
-        const arg_best c = {arg_key(v[j]), (int32_t)i, INT_MAX};
+        const arg_best c = {order_key(v[j]), (int32_t)i, INT_MAX};
         arg_merge(b, c);
     }
     b = arg_warp_merge(b);
