@@ -228,6 +228,19 @@ static float *gpu_matmul(lm_weight *gw, const float *x, int64_t n, int64_t rows,
     return y;
 }
 
+/* The exact products of the decoded weights deq [rows][cols] and x [n][cols], in
+ * double: ref [n][rows]. */
+static double *exact_matmul(const float *deq, const float *x, int64_t n, int64_t rows, int64_t cols) {
+    double *ref = malloc(sizeof(double) * (size_t)(n * rows));
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t r = 0; r < rows; r++) {
+            double s = 0.0;
+            for (int64_t k = 0; k < cols; k++) s += (double)deq[r * cols + k] * x[t * cols + k];
+            ref[t * rows + r] = s;
+        }
+    return ref;
+}
+
 static void test_matmul_type(lm_dtype type, int64_t rows, int64_t cols, const int64_t *ns, int n_ns) {
     test_weight w;
     make_weight(&w, type, rows, cols);
@@ -245,13 +258,7 @@ static void test_matmul_type(lm_dtype type, int64_t rows, int64_t cols, const in
     int64_t n_path[PATH_COUNT] = {0};
     for (int i = 0; i < n_ns; i++) {
         int64_t n = ns[i];
-        double *ref = malloc(sizeof(double) * (size_t)(n * rows));
-        for (int64_t t = 0; t < n; t++)
-            for (int64_t r = 0; r < rows; r++) {
-                double s = 0.0;
-                for (int64_t k = 0; k < cols; k++) s += (double)w.deq[r * cols + k] * x[t * cols + k];
-                ref[t * rows + r] = s;
-            }
+        double *ref = exact_matmul(w.deq, x, n, rows, cols);
         float *yg = gpu_matmul(gw, x, n, rows, cols);
         float *yc = fmalloc(n * rows);
         CHECK(g_cpu->ops->matmul(g_cpu, cw, x, n, yc) == LM_OK);
@@ -660,7 +667,7 @@ static void test_matmul_precise(void) {
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         test_weight w;
         make_weight(&w, types[i], ROWS, COLS);
-        double gap[2] = {0.0, 0.0}, cpu_err = 0.0;
+        double gap[2] = {0.0, 0.0}, exact_err = 0.0;
         for (int mode = 0; mode < 2; mode++) {
             g_gpu = mode ? g_gpu_precise : main_gpu;
             lm_weight *gw = NULL;
@@ -669,14 +676,8 @@ static void test_matmul_precise(void) {
             float *y = gpu_matmul(gw, x, N, ROWS, COLS);
             gap[mode] = alone_vs_batch(gw, x, y, N, ROWS, COLS);
             if (mode) {
-                float *ref = fmalloc((int64_t)N * ROWS);
-                for (int64_t t = 0; t < N; t++)
-                    for (int64_t r = 0; r < ROWS; r++) {
-                        double acc = 0.0;
-                        for (int64_t k = 0; k < COLS; k++) acc += (double)w.deq[r * COLS + k] * x[t * COLS + k];
-                        ref[t * ROWS + r] = (float)acc;
-                    }
-                cpu_err = nerr(y, ref, (int64_t)N * ROWS);
+                double *ref = exact_matmul(w.deq, x, N, ROWS, COLS);
+                exact_err = nerr_d(y, ref, (int64_t)N * ROWS);
                 free(ref);
             }
             free(y);
@@ -687,7 +688,7 @@ static void test_matmul_precise(void) {
                  COLS, gap[0]);
         report("precise", what, gap[1], 2e-5);
         snprintf(what, sizeof what, "%-6s %dx%d 64 tokens vs exact", lm_dtype_name(types[i]), ROWS, COLS);
-        report("precise", what, cpu_err, 5e-3);
+        report("precise", what, exact_err, 5e-3);
         free_weight(&w);
     }
     /* Q/K/V packed into one GEMM */

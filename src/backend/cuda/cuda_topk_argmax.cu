@@ -14,8 +14,8 @@
  *                        quiet NaN as the max).
  *
  * The keys and the order are the general path's (cuda_topk.cuh: -0 keyed as +0, so
- * ties between -0 and +0 go to the lower id, as the CPU reference breaks them). A row's outputs
- * depend on its own logits alone. */
+ * ties between -0 and +0 go to the lower id, as the CPU reference breaks them). A
+ * row's outputs depend on its own logits alone. */
 #include <climits>
 
 #include "backend/cuda/cuda_internal.cuh"
