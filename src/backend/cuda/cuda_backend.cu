@@ -754,8 +754,6 @@ extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
     cu->precise = precise && strcmp(precise, "1") == 0;
     const char *mvq = getenv("LUMEN_CUDA_MVQ"); /* 0: Q4_K/Q6_K products in f32 too */
     cu->mvq = !(mvq && strcmp(mvq, "0") == 0) && !cu->precise;
-    const char *argmax = getenv("LUMEN_CUDA_TOPK_ARGMAX"); /* cuda_topk_argmax.cu: off until measured */
-    cu->topk_argmax = argmax && strcmp(argmax, "1") == 0;
     const char *mvq_wide = getenv("LUMEN_CUDA_MVQ_WIDE"); /* 0: no interleaved copy of a Q6_K head */
     cu->mvq_wide = !(mvq_wide && strcmp(mvq_wide, "0") == 0);
     const char *handoff = getenv("LUMEN_CUDA_Q8_HANDOFF"); /* 0: down products over f32 activations */

@@ -184,9 +184,6 @@ typedef struct lm_cuda_backend {
     /* logits_topk's outputs come back in one copy through this page-locked buffer */
     void *topk_host;
     size_t topk_host_cap;
-    /* logits_topk: k = 1 without the lse on cuda_topk_argmax.cu (LUMEN_CUDA_TOPK_ARGMAX=1;
-     * off until it has run on the GPU) */
-    bool topk_argmax;
     /* attention metadata built on the host: [pos: n][table offset: n][tables] */
     int32_t *attn_host;
     size_t attn_host_cap;

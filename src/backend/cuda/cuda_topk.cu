@@ -56,9 +56,7 @@
  * its place in the id-ordered output.
  *
  * k = 1 without the log-sum-exp (a greedy step) takes two lighter launches instead
- * (cuda_topk_argmax.cu), with the same outputs, where LUMEN_CUDA_TOPK_ARGMAX=1 (off
- * until it has run on the GPU: written in the twenty-third session, whose device time
- * ran out first). */
+ * (cuda_topk_argmax.cu), with the same outputs. */
 #include <climits>
 
 #include "backend/cuda/cuda_internal.cuh"
@@ -748,7 +746,7 @@ extern "C" lm_status lm_cuda_logits_topk(lm_backend *b, const float *logits, int
     if (st) return st;
     const size_t nk = (size_t)n_rows * (size_t)k, nr = (size_t)n_rows;
     const size_t out_bytes = align16((2 * nk + 2 * nr) * sizeof(float));
-    if (k == 1 && !row_lse && cu->topk_argmax) { /* a greedy step's: cuda_topk_argmax.cu */
+    if (k == 1 && !row_lse) { /* a greedy step's: cuda_topk_argmax.cu */
         const size_t work = lm_cuda_argmax_work_bytes(n_rows, n_vocab);
         char *dev = (char *)lm_cuda_scratch(cu, LM_CUDA_SCR_TOPK, out_bytes + work);
         if (!dev) return lm_cuda_take_error(cu);
