@@ -13,7 +13,8 @@
 #  4. `lumen bench --backend cuda` on both: prefill of a 512-token prompt, decode at
 #     1, 8, 64 and 256 parallel sequences (128-token prompts, 128 generated, the
 #     logits of every sequence copied to the host each step); then bf16 again with
-#     --logits last at 64 and 256 (what the copy of the logits costs);
+#     --logits last at 64 and 256 (what the copy of the logits costs), and both
+#     with --logits greedy at 1 and 8 (each row's best logit only: greedy decoding);
 #  5. the op tests in quick mode (test_backend_ops: the kernels still match the CPU);
 #  6. Hugging Face transformers on the bf16 folder (bench/hf_peer.py: static cache,
 #     torch.compile as transformers applies it by itself, batch sizes 1, 64, 8, 256
@@ -23,9 +24,10 @@
 #     prefill: FLOPs over 790 TFLOP/s bf16).
 #
 # Each step is timed and bounded; a step that fails or runs out of time is reported
-# and the rest still run; the table shows what was measured. $OUT receives at most 8
+# and the rest still run; the table shows what was measured. $OUT receives at most 10
 # files: build.log, bench.log (every step's output), lumen_q4km.json,
-# lumen_bf16.json, lumen_bf16_last.json, hf_peer.json, summary.txt.
+# lumen_bf16.json, lumen_bf16_last.json, lumen_greedy_q4km.json, lumen_greedy_bf16.json,
+# hf_peer.json, summary.txt.
 # Environment: LUMEN_BENCH_BUDGET (seconds, default 525), LUMEN_BENCH_REPS (3),
 # LUMEN_BENCH_MODELS (model folder), LUMEN_CUDA_BUILD (build folder), LUMEN_JOBS.
 # LUMEN_BENCH_DRYRUN=1 runs the same steps on the CPU with a tiny shape and short
@@ -180,6 +182,18 @@ else
   echo "skipped: $(left)s left" | tee -a "$LOG"
 fi
 
+# ---- 4c. greedy decoding: each row's best logit only -----------------------------
+step "lumen bench, --logits greedy (1 and 8 sequences, both models)"
+rm -f "$OUT/lumen_greedy_q4km.json" "$OUT/lumen_greedy_bf16.json"
+for spec in "$GGUF:q4km" "$HF:bf16"; do
+  IFS=: read -r model tag <<< "$spec"
+  if [ "$(left)" -gt 200 ]; then
+    lumen_bench "lumen_greedy_$tag" "$model" "$(cap 45 $(( $(left) - 180 )))" --parallel "$SMALL_PAR" --logits greedy -p 0
+  else
+    echo "skipped: $(left)s left" | tee -a "$LOG"
+  fi
+done
+
 # ---- 5. op tests: the numbers mean something only if the kernels are right -------
 step "op tests (test_backend_ops, quick: CUDA vs CPU)"
 st=0
@@ -218,7 +232,8 @@ step "summary (total $(elapsed)s)"
 grep -E "^device copy|^host download|^matmul_many check" "$LOG" | head -3 || true
 grep -E "comparisons|^op tests:" "$LOG" | tail -2 || true
 python3 "$ROOT/bench/cuda_bench_table.py" --config "$HF/config.json" --lumen-q4 "$OUT/lumen_q4km.json" \
-  --lumen-bf16 "$OUT/lumen_bf16.json" --lumen-bf16-last "$OUT/lumen_bf16_last.json" --hf "$OUT/hf_peer.json" \
+  --lumen-bf16 "$OUT/lumen_bf16.json" --lumen-bf16-last "$OUT/lumen_bf16_last.json" \
+  --lumen-q4-greedy "$OUT/lumen_greedy_q4km.json" --lumen-bf16-greedy "$OUT/lumen_greedy_bf16.json" --hf "$OUT/hf_peer.json" \
   --copy-gbs "$COPY_GBS" --prompt "$PROMPT" --gen "$GEN" --pp "$PP" --batches "$PAR" 2>&1 | tee "$OUT/summary.txt" || true
 grep -h "lumen bench:" "$LOG" | head -5 || true
 echo "done in $(elapsed)s; status $RC; logs and JSON in $OUT"

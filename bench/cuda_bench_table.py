@@ -58,6 +58,8 @@ def main():
     ap.add_argument("--lumen-q4")
     ap.add_argument("--lumen-bf16")
     ap.add_argument("--lumen-bf16-last", help="lumen bench --logits last (optional)")
+    ap.add_argument("--lumen-q4-greedy", help="lumen bench --logits greedy on the GGUF (optional)")
+    ap.add_argument("--lumen-bf16-greedy", help="lumen bench --logits greedy on the bf16 folder (optional)")
     ap.add_argument("--hf")
     ap.add_argument("--copy-gbs", type=float, default=0, help="measured device copy rate, GB/s")
     ap.add_argument("--prompt", type=int, default=128)
@@ -112,6 +114,10 @@ def main():
     rows.append(lumen_row("Lumen CUDA, bf16 folder", a.lumen_bf16))
     if a.lumen_bf16_last:
         rows.append(lumen_row("Lumen CUDA, bf16, last logits only", a.lumen_bf16_last))
+    for name, path in (("Lumen CUDA, Q4_K_M-like, greedy", a.lumen_q4_greedy),
+                       ("Lumen CUDA, bf16, greedy", a.lumen_bf16_greedy)):
+        if path and os.path.exists(path):
+            rows.append(lumen_row(name, path))
     hf = load(a.hf)
     if hf:
         r = {"name": "transformers (static cache%s)" % (", compiled" if any(

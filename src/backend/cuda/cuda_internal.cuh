@@ -40,6 +40,7 @@ enum lm_cuda_scratch_slot {
     LM_CUDA_SCR_XQ,    /* matmul: swiglu's output in 8 bits for the down product */
     LM_CUDA_SCR_Y,     /* matmul: one GEMM chunk's output                      */
     LM_CUDA_SCR_YPACK, /* matmul: one chunk of packed weights' product         */
+    LM_CUDA_SCR_YSPLIT, /* matmul: the precise mode's two halves of a product (gemm_call) */
     LM_CUDA_SCR_ATTN,  /* attention: split partials                            */
     LM_CUDA_SCR_COPY,  /* copy: staging for overlapping ranges                 */
     LM_CUDA_SCR_TOPK,  /* logits_topk: the candidates before their copy home    */

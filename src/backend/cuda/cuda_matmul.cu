@@ -441,6 +441,23 @@ __global__ void to_bf16_kernel(const float4 *__restrict__ x, int64_t n_valid8, i
     }
 }
 
+/* c[i] = c2[i] + c2[i + half]: the precise mode's two halves of one GEMM summed
+ * (gemm_call); four floats a thread with vec (half a multiple of 4, c 16-byte
+ * aligned; c2 is scratch). */
+__global__ void halves_sum_kernel(const float *__restrict__ c2, int64_t half, float *__restrict__ c, bool vec) {
+    lm_pdl_enter();
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    if (vec) {
+        const float4 *a4 = (const float4 *)c2, *b4 = (const float4 *)(c2 + half);
+        for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < half / 4; i += stride) {
+            const float4 a = a4[i], b = b4[i];
+            ((float4 *)c)[i] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+        }
+    } else {
+        for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < half; i += stride) c[i] = c2[i] + c2[i + half];
+    }
+}
+
 template <int T>
 static void launch_dequant_bf16(lm_cuda_backend *cu, const lm_weight *w, int64_t r0, int64_t nr, __nv_bfloat16 *out) {
     int64_t cpr = w->cols / 8, total = nr * cpr;
@@ -506,9 +523,11 @@ __nv_bfloat16 *lm_cuda_gemm_input(lm_cuda_backend *cu, const float *x, int64_t c
  * SmolLM2 Q4_1 file, 2 / 2 / 3 of 32 prompts differ from alone at top-two gaps up to
  * 0.0696 by default, 0 / 0 / 0 in this mode (1 of 32 at 0.0109 with the split alone,
  * 2-3 at 0.0509 with the rounding alone), 0 / 0 / 0 on its bf16 conversion (4 / 4 / 4
- * by default). Its cost: both products read the weights (1.5B bf16, tokens/s: x8
- * 4,549 -> 2,633, x64 34,365 -> 19,995, x256 80,257 -> 48,309; Q4_K_M x64 32,832 ->
- * 19,096). F32 weights take f32 activations anyway. */
+ * by default). Its cost: twice the columns in the products, one GEMM for both parts
+ * where one chunk holds the batch (gemm_call). 1.5B bf16, tokens/s, default -> this
+ * mode: x8 ~4,550 -> 3,620-3,658, x64 33,924-34,780 -> 27,702-27,729, x256 ~80,260 ->
+ * 50,501-50,728; Q4_K_M x64 ~32,900 -> 26,178-26,454, x1 ~1,090 -> ~611 (the 8-bit
+ * kernel off). F32 weights take f32 activations anyway. */
 static bool gemm_split(const lm_cuda_backend *cu, bool f32) { return cu->precise && !f32; }
 
 /* Where the lo part starts in prepared activations (elements after xs), 0 for none. */
@@ -636,8 +655,23 @@ static bool gemm_call1(lm_cuda_backend *cu, bool f32, const void *A, int64_t nr,
     return cublas_ok(cu, s, f32 ? "cublasSgemm" : "cublasGemmEx");
 }
 
+/* With a lo part right after the chunk (one chunk holds the batch: lo_off = chunk x
+ * cols), both parts go through one GEMM of twice the columns, so the weights are read
+ * once, and a light kernel sums its halves into C; else the second GEMM adds into C.
+ * Merged, on the H200 (1.5B bf16, tokens/s, twenty-fourth session, one call): x8
+ * 2,563-2,613 -> 3,620-3,658, x64 19,824-20,077 -> 27,702-27,729, x256 48,341-48,390
+ * -> 50,501-50,728; Q4_K_M x64 19,336-19,449 -> 26,178-26,454. */
 static bool gemm_call(lm_cuda_backend *cu, bool f32, const void *A, int64_t nr, int64_t cols, const void *xs,
                       int64_t lo_off, int64_t c0, int64_t chunk, float *C) {
+    if (lo_off && lo_off == chunk * cols && c0 == 0) {
+        float *C2 = (float *)lm_cuda_scratch(cu, LM_CUDA_SCR_YSPLIT, (size_t)(2 * chunk * nr) * 4);
+        if (!C2 || !gemm_call1(cu, f32, A, nr, cols, xs, 0, 2 * chunk, C2, false)) return false;
+        const int64_t half = chunk * nr;
+        const bool vec = half % 4 == 0 && (uintptr_t)C % 16 == 0;
+        lm_cuda_launch(cu, halves_sum_kernel, lm_cuda_blocks(vec ? half / 4 : half, 256), 256, (const float *)C2, half,
+                       C, vec);
+        return lm_cuda_launched(cu, "halves_sum_kernel");
+    }
     return gemm_call1(cu, f32, A, nr, cols, xs, c0, chunk, C, false) &&
            (!lo_off ||
             gemm_call1(cu, f32, A, nr, cols, (const __nv_bfloat16 *)xs + lo_off, c0, chunk, C, true));
