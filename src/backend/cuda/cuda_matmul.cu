@@ -166,7 +166,8 @@ __device__ __forceinline__ int mv_row_of(const mv_set &set, int row, int *lr) {
     return k;
 }
 
-/* The precise mode's weights (set.round_w): the 8 decoded values rounded to bf16, the
+/* The precise mode's weights (set.round_w) where a weight has no bf16 copy (with one,
+ * the kernel reads the copy: mv_dispatch): the 8 decoded values rounded to bf16, the
  * values the GEMMs read. Not compiled for BF16 and F32 weights, whose kernels stay
  * the default's instruction for instruction: with the run-time branch there too
  * (never taken for them), their PTX grew by half and bf16 batch 1 measured 720
@@ -513,8 +514,9 @@ __nv_bfloat16 *lm_cuda_gemm_input(lm_cuda_backend *cu, const float *x, int64_t c
 /* The precise mode (LUMEN_CUDA_PRECISE=1): the GEMM path takes its bf16 activations
  * in two parts, hi = bf16(x) and lo = bf16(x - hi), through two products summed (C =
  * W hi, then C += W lo: x to ~16 significant bits instead of 8; no bf16 hand-off), and
- * the matrix-vector kernel rounds quantized and f16 weights to bf16 as it decodes them,
- * the values the GEMMs read (the 8-bit kernel off: cuda_backend.cu), so a token's
+ * the matrix-vector kernel reads the values the GEMMs read: a quantized or f16
+ * weight's bf16 copy where it has one (mv_dispatch), else its decoded weights rounded
+ * to bf16 (set.round_w; the 8-bit kernel off: cuda_backend.cu), so a token's
  * products in a batch and alone differ only by the lo part's rounding (2^-17 of x) and
  * their f32 summation order (~3e-6, test_backend_ops). Why: the default paths are two slightly
  * different models (f32 vs bf16 activations, exact vs bf16-rounded weights), and any
@@ -526,8 +528,9 @@ __nv_bfloat16 *lm_cuda_gemm_input(lm_cuda_backend *cu, const float *x, int64_t c
  * by default). Its cost: twice the columns in the products, one GEMM for both parts
  * where one chunk holds the batch (gemm_call). 1.5B bf16, tokens/s, default -> this
  * mode: x8 ~4,550 -> 3,620-3,658, x64 33,924-34,780 -> 27,702-27,729, x256 ~80,260 ->
- * 50,501-50,728; Q4_K_M x64 ~32,900 -> 26,178-26,454, x1 ~1,090 -> ~611 (the 8-bit
- * kernel off). F32 weights take f32 activations anyway. */
+ * 50,501-50,728; Q4_K_M x64 ~32,900 -> 26,178-26,454, x1 1,079-1,085 -> 813-816 (the
+ * copies' bytes; 611 when it rounded the decoded weights instead, twenty-third
+ * session). F32 weights take f32 activations anyway. */
 static bool gemm_split(const lm_cuda_backend *cu, bool f32) { return cu->precise && !f32; }
 
 /* Where the lo part starts in prepared activations (elements after xs), 0 for none. */
@@ -724,8 +727,46 @@ static void gemm_run(lm_cuda_backend *cu, const lm_weight *w, const void *xs, in
     }
 }
 
+static bool is_wide(const lm_weight *w) {
+    return w->type == LM_DTYPE_F32 || w->type == LM_DTYPE_F16 || w->type == LM_DTYPE_BF16;
+}
+
+/* A quantized weight with a bf16 copy (copy_decide): the 16-bit kernels read the copy
+ * above the matrix-vector path (which keeps reading the quantized rows: fewer bytes,
+ * but in the precise mode the copy too: mv_dispatch). */
+static bool reads_copy(const lm_weight *w) { return w->bf16 && !is_wide(w); }
+
+/* w as the bf16 weights its copy holds (view filled in) where it has one, else w */
+static const lm_weight *as_copy(const lm_weight *w, lm_weight *view) {
+    if (!reads_copy(w)) return w;
+    *view = *w;
+    view->type = LM_DTYPE_BF16;
+    view->data = (void *)w->bf16;
+    view->row_bytes = (size_t)w->cols * 2;
+    return view;
+}
+
 static lm_status mv_dispatch(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, const float *x, int64_t n,
                              float *const *y) {
+    /* the precise mode: weights with a copy as the bf16 values the GEMMs read, at the
+     * bf16 kernel's speed (H200, Q4_K_M 1.5B-shaped, batch 1: 813-816 tokens/s, where
+     * rounding its decoded weights, set.round_w, had measured ~611); a run of weights
+     * of which only some have copies goes a weight a launch */
+    lm_weight view[MV_MAX_SET];
+    const lm_weight *vw[MV_MAX_SET];
+    int copies = 0;
+    for (int k = 0; k < n_w; k++) copies += cu->precise && reads_copy(w[k]);
+    if (copies > 0 && (copies < n_w || n_w > MV_MAX_SET)) { /* one format a launch */
+        for (int k = 0; k < n_w; k++) {
+            lm_status st = mv_dispatch(cu, w + k, 1, x, n, y + k);
+            if (st) return st;
+        }
+        return LM_OK;
+    }
+    if (copies > 0) {
+        for (int k = 0; k < n_w; k++) vw[k] = as_copy(w[k], &view[k]);
+        w = vw;
+    }
     /* the 8-bit kernel where it takes every weight of the run, else each weight on its
      * own kernel (lm_cuda_mvq_supports is the weight's alone) */
     int q8 = 0;
@@ -764,14 +805,6 @@ static lm_status matmul_begin(lm_cuda_backend *cu, const float *x) {
 
 typedef enum { PATH_MV, PATH_TC, PATH_GEMM } matmul_path;
 
-static bool is_wide(const lm_weight *w) {
-    return w->type == LM_DTYPE_F32 || w->type == LM_DTYPE_F16 || w->type == LM_DTYPE_BF16;
-}
-
-/* A quantized weight with a bf16 copy (copy_decide): the 16-bit kernels read the copy
- * above the matrix-vector path (which keeps reading the quantized rows: fewer bytes). */
-static bool reads_copy(const lm_weight *w) { return w->bf16 && !is_wide(w); }
-
 /* The kernel of n tokens through w: a function of the backend's settings, the weight
  * and n only (so of no other token in the batch). */
 static matmul_path path_of(const lm_cuda_backend *cu, const lm_weight *w, int64_t n) {
@@ -787,15 +820,7 @@ static void tc_run(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, cons
                    float *const *y) {
     lm_weight view[MV_MAX_SET];
     const lm_weight *vw[MV_MAX_SET];
-    for (int k = 0; k < n_w; k++) {
-        vw[k] = w[k];
-        if (!reads_copy(w[k])) continue;
-        view[k] = *w[k];
-        view[k].type = LM_DTYPE_BF16;
-        view[k].data = (void *)w[k]->bf16;
-        view[k].row_bytes = (size_t)w[k]->cols * 2;
-        vw[k] = &view[k];
-    }
+    for (int k = 0; k < n_w; k++) vw[k] = as_copy(w[k], &view[k]);
     lm_cuda_matmul_tc(cu, vw, n_w, x, n, y);
 }
 
@@ -1019,13 +1044,16 @@ extern "C" lm_status lm_cuda_matmul_swiglu(lm_backend *b, const lm_weight *w_gat
     const lm_weight *w[2] = {w_gate, w_up};
     float *y[2] = {gate, up};
     copies_decide(cu, w, 2); /* before the paths; done already when replaying */
+    lm_weight view[2]; /* the precise mode's one-token kernel reads the copies (mv_dispatch) */
+    const lm_weight *wv[2] = {w_gate, w_up};
+    if (cu->precise) wv[0] = as_copy(w_gate, &view[0]), wv[1] = as_copy(w_up, &view[1]);
     if (w_up->rows == w_gate->rows && gemm_packed(cu, w, 2, n, y)) {
         lm_status st = matmul_begin(cu, x);
         if (st || n <= 0 || lm_cuda_replaying(cu)) return st;
         packed_run(cu, w, 2, x, n, y, gate);
         return lm_cuda_recorded_pass(cu) ? LM_OK : lm_cuda_take_error(cu);
     }
-    const bool same = path_of(cu, w_gate, n) == PATH_MV && w_up->type == w_gate->type &&
+    const bool same = path_of(cu, w_gate, n) == PATH_MV && wv[1]->type == wv[0]->type &&
                       w_up->rows == w_gate->rows && w_up->cols == w_gate->cols;
     if (same && lm_cuda_mvq_supports(cu, w_gate)) {
         lm_status st = matmul_begin(cu, x);
@@ -1042,13 +1070,13 @@ extern "C" lm_status lm_cuda_matmul_swiglu(lm_backend *b, const lm_weight *w_gat
     }
     lm_status st = matmul_begin(cu, x);
     if (st || n <= 0 || lm_cuda_replaying(cu)) return st;
-    switch (w_gate->type) {
+    switch (wv[0]->type) {
 #define LM_X(t) \
-    case t: launch_mv<t, true>(cu, w, 2, x, n, y); break;
+    case t: launch_mv<t, true>(cu, wv, 2, x, n, y); break;
         LM_CUDA_FOR_EACH_TYPE(LM_X)
 #undef LM_X
     default:
-        return lm_error(LM_ERR_INTERNAL, "matmul: weight type %s has no CUDA kernel", lm_dtype_name(w_gate->type));
+        return lm_error(LM_ERR_INTERNAL, "matmul: weight type %s has no CUDA kernel", lm_dtype_name(wv[0]->type));
     }
     return lm_cuda_recorded_pass(cu) ? LM_OK : lm_cuda_take_error(cu);
 }

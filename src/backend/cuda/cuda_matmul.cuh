@@ -21,7 +21,8 @@ typedef struct mv_set {
     int type[MV_MAX_SET]; /* lm_dtype: the 8-bit kernel's sets may mix Q4_K and Q6_K */
     int n_w;
     /* the matrix-vector kernel rounds the decoded weights to bf16, the values the
-     * GEMMs read (the precise mode: cuda_matmul.cu, gemm_split) */
+     * GEMMs read (the precise mode for weights without a copy: cuda_matmul.cu,
+     * gemm_split) */
     bool round_w;
 } mv_set;
 
