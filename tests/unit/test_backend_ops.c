@@ -31,6 +31,9 @@ static lm_backend *g_cpu, *g_gpu, *g_gpu_direct; /* direct: no graphs, no fused 
 /* the same pair without the tensor-core products, so batches of 5 or more take
  * cuBLAS GEMMs (inside recorded graphs too) */
 static lm_backend *g_gpu_gemm, *g_gpu_gemm_direct;
+/* that pair in the precise mode (LUMEN_CUDA_PRECISE=1): the fused side sums a
+ * product's halves in the ops after it and hands their inputs' lo parts off */
+static lm_backend *g_gpu_precise_gemm, *g_gpu_precise_direct;
 static lm_backend *g_gpu_nocopy; /* LUMEN_CUDA_BF16_COPY=0 */
 static lm_backend *g_gpu_tc;     /* LUMEN_CUDA_TC_MAX_N=32 */
 static lm_backend *g_gpu_precise; /* LUMEN_CUDA_PRECISE=1 */
@@ -1290,14 +1293,18 @@ static bool graphs_equal_direct(lm_backend *graphs, lm_backend *direct, const ch
  * and GEMMs at 12; GEMMs from 6 on the backends without the tensor-core path, whose
  * GEMMs of quantized weights read the weights' bf16 copies with graphs and decode
  * tiles without. Every step after the third is a replay: of the batch alone where
- * the recording allows it (pass_begin's *ran). */
+ * the recording allows it (pass_begin's *ran). The precise pair (both with copies)
+ * checks its fused side: the halves summed by the add and swiglu after a product and
+ * the lo parts handed off equal the sum and conversion kernels' bits. */
 static void test_graphs_equal_direct(const char *path, lm_dtype kv_type, const char *what) {
     bool same = graphs_equal_direct(g_gpu, g_gpu_direct, path, kv_type);
     bool same_gemm = graphs_equal_direct(g_gpu_gemm, g_gpu_gemm_direct, path, kv_type);
+    bool same_precise = graphs_equal_direct(g_gpu_precise_gemm, g_gpu_precise_direct, path, kv_type);
     printf("  %-10s %-40s %s\n", "graphs", what,
-           same && same_gemm ? "graphs + fused == op by op (bit-equal)" : "DIFFER");
+           same && same_gemm && same_precise ? "graphs + fused == op by op (bit-equal; precise too)" : "DIFFER");
     CHECK(same);
     CHECK(same_gemm);
+    CHECK(same_precise);
 }
 
 static int64_t argmax_row(const float *x, int64_t n) {
@@ -1517,9 +1524,13 @@ int main(void) {
     if (!mv_env[0]) setenv("LUMEN_CUDA_MV_MAX_N", "8", 1);
     setenv("LUMEN_CUDA_BF16_COPY", "1024", 1);
     CHECK(create_gpu(&g_gpu_gemm) == LM_OK);
-    setenv("LUMEN_CUDA_BF16_COPY", "0", 1);
+    setenv("LUMEN_CUDA_PRECISE", "1", 1);
+    CHECK(create_gpu(&g_gpu_precise_gemm) == LM_OK);
     setenv("LUMEN_CUDA_GRAPHS", "0", 1);
     setenv("LUMEN_CUDA_FUSED", "0", 1);
+    CHECK(create_gpu(&g_gpu_precise_direct) == LM_OK); /* with copies: the same kernels, unfused */
+    unsetenv("LUMEN_CUDA_PRECISE");
+    setenv("LUMEN_CUDA_BF16_COPY", "0", 1);
     CHECK(create_gpu(&g_gpu_gemm_direct) == LM_OK);
     if (copy_env[0]) setenv("LUMEN_CUDA_BF16_COPY", copy_env, 1);
     else unsetenv("LUMEN_CUDA_BF16_COPY");
@@ -1574,6 +1585,8 @@ int main(void) {
     lm_backend_free(g_gpu_precise);
     lm_backend_free(g_gpu_gemm);
     lm_backend_free(g_gpu_gemm_direct);
+    lm_backend_free(g_gpu_precise_gemm);
+    lm_backend_free(g_gpu_precise_direct);
     lm_backend_free(g_cpu);
     TEST_MAIN_END();
 }

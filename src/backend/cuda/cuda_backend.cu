@@ -45,6 +45,7 @@ void lm_cuda_enter(lm_cuda_backend *cu) {
     cu->op_seq++;
     if (cu->qkv_pending.ys) lm_cuda_qkv_split(cu); /* the op after the product is not its qkv_finish */
     if (cu->finish_pending.on) lm_cuda_finish_flush(cu); /* nor is the op after qkv_finish its attention */
+    if (cu->sum_pending.dst) lm_cuda_sum_flush(cu);      /* nor the add after a precise product */
 }
 
 void lm_cuda_carveout(lm_cuda_backend *cu, const void *kernel) {

@@ -164,6 +164,7 @@ typedef struct lm_cuda_backend {
     const float *gemm_in_src;
     int64_t gemm_in_count;
     uint64_t gemm_in_seq;
+    bool gemm_in_lo;   /* with its lo part too (the precise mode: lm_cuda_gemm_input_split) */
     /* the 8-bit copy of its output an 8-bit gate/up product left in the XQ scratch for
      * the down product (cuda_matmul_q8h.cu): its source, element count and op_seq */
     const float *q8_in_src;
@@ -182,6 +183,15 @@ typedef struct lm_cuda_backend {
      * tensor-core decode attention right after it runs it as its blocks start
      * (lm_cuda_finish_take); any other op runs it as it enters (lm_cuda_enter). */
     lm_cuda_finish finish_pending;
+    /* the precise mode's product whose two halves (one GEMM over hi and lo columns,
+     * cuda_matmul.cu gemm_call) are not yet summed into dst: the next op takes them
+     * if it is an add_rms_norm adding dst (lm_cuda_sum_take), else they are summed as
+     * that op enters (lm_cuda_enter). dst: NULL when none. */
+    struct {
+        float *dst;
+        const float *c2; /* hi at c2, lo at c2 + count */
+        int64_t count;
+    } sum_pending;
     /* logits_topk's outputs come back in one copy through this page-locked buffer */
     void *topk_host;
     size_t topk_host_cap;
@@ -427,6 +437,28 @@ const float *lm_cuda_qkv_take(lm_cuda_backend *cu, const float *q, const float *
  * lm_cuda_enter. */
 __nv_bfloat16 *lm_cuda_gemm_input(lm_cuda_backend *cu, const float *x, int64_t count);
 
+/* lm_cuda_gemm_input for n rows of cols written at x, which in the precise mode
+ * (cuda_matmul.cu, gemm_split) also says where to write each value's lo part
+ * (lm_bf16_lo) in *lo; elsewhere *lo is NULL and this is lm_cuda_gemm_input. */
+__nv_bfloat16 *lm_cuda_gemm_input_split(lm_cuda_backend *cu, const float *x, int64_t n, int64_t cols,
+                                        __nv_bfloat16 **lo);
+
+/* The pending halves of dst (sum_pending) when an op about to add count floats of
+ * dst takes them: returns the hi half and sets *lo; the op sums hi + lo as the sum's
+ * kernel would and writes dst itself. NULL when there are none for it. Call before
+ * lm_cuda_enter, which would sum them. */
+const float *lm_cuda_sum_take(lm_cuda_backend *cu, const float *dst, int64_t count, const float **lo);
+
+/* Sums the pending halves into dst (lm_cuda_enter). */
+void lm_cuda_sum_flush(lm_cuda_backend *cu);
+
+/* The part of v its bf16 rounding misses, rounded to bf16 itself: the precise mode's
+ * lo = bf16(v - bf16(v)), shared by the conversion kernel and the ops that hand it
+ * off, which must agree to the bit. */
+__device__ __forceinline__ __nv_bfloat16 lm_bf16_lo(float v) {
+    return __float2bfloat16_rn(__fsub_rn(v, __bfloat162float(__float2bfloat16_rn(v))));
+}
+
 /* Device scratch of at least `bytes` for `slot`; NULL (error recorded) when the GPU
  * has no memory left. Stream-ordered: earlier kernels using the old buffer finish
  * before it is released. */
@@ -503,11 +535,16 @@ __device__ __forceinline__ void lm_cuda_norm_weights(const float *__restrict__ w
  * (lm_cuda_norm_weights, loaded by the caller before its PDL wait). out may be y; y
  * is written only when add is given. outb (may be NULL): out again, rounded to bf16.
  * Shared by rms_norm and add_rms_norm, which must agree to the bit. `part` is summed
- * into once, with no barrier after: a row a block, or a `part` per call. */
-template <int THREADS>
+ * into once, with no barrier after: a row a block, or a `part` per call.
+ * PRECISE (the precise mode's form; the default's code is the same without it): add
+ * is the hi half of a product whose lo half is add_lo (both given or neither), summed
+ * as lm_cuda_sum_flush sums them and written to add_dst, the product's output; outl
+ * (may be NULL): each output's lo part (lm_bf16_lo). */
+template <int THREADS, bool PRECISE = false>
 __device__ __forceinline__ void lm_cuda_norm_row(float *y, const float *add, const float *__restrict__ w, int64_t d,
                                                  float eps, float *out, double *part, __nv_bfloat16 *outb,
-                                                 const float wv[LM_CUDA_NORM_CACHE]) {
+                                                 const float wv[LM_CUDA_NORM_CACHE], const float *add_lo = NULL,
+                                                 float *add_dst = NULL, __nv_bfloat16 *outl = NULL) {
     constexpr int NORM_CACHE = LM_CUDA_NORM_CACHE;
     float v[NORM_CACHE], av[NORM_CACHE];
     double sum = 0.0;
@@ -521,6 +558,9 @@ __device__ __forceinline__ void lm_cuda_norm_row(float *y, const float *add, con
         if (j < d) {
             v[c] = y[j];
             if (add) av[c] = add[j];
+            if constexpr (PRECISE) {
+                if (add_lo) av[c] = __fadd_rn(av[c], add_lo[j]), add_dst[j] = av[c];
+            }
         }
     }
 #pragma unroll
@@ -535,6 +575,14 @@ __device__ __forceinline__ void lm_cuda_norm_row(float *y, const float *add, con
     }
     for (int64_t j = threadIdx.x + (int64_t)NORM_CACHE * THREADS; j < d; j += THREADS) {
         float a = y[j];
+        if constexpr (PRECISE) {
+            if (add_lo) {
+                const float s = __fadd_rn(add[j], add_lo[j]);
+                add_dst[j] = s, a = __fadd_rn(a, s), y[j] = a;
+                sum += (double)a * (double)a;
+                continue;
+            }
+        }
         if (add) a = __fadd_rn(a, add[j]), y[j] = a;
         sum += (double)a * (double)a;
     }
@@ -548,6 +596,9 @@ __device__ __forceinline__ void lm_cuda_norm_row(float *y, const float *add, con
             if (w) o = __fmul_rn(o, wv[c]);
             out[j] = o;
             if (outb) outb[j] = __float2bfloat16_rn(o);
+            if constexpr (PRECISE) {
+                if (outl) outl[j] = lm_bf16_lo(o);
+            }
         }
     }
     for (int64_t j = threadIdx.x + (int64_t)NORM_CACHE * THREADS; j < d; j += THREADS) {
@@ -555,6 +606,9 @@ __device__ __forceinline__ void lm_cuda_norm_row(float *y, const float *add, con
         if (w) o = __fmul_rn(o, w[j]);
         out[j] = o;
         if (outb) outb[j] = __float2bfloat16_rn(o);
+        if constexpr (PRECISE) {
+            if (outl) outl[j] = lm_bf16_lo(o);
+        }
     }
 }
 

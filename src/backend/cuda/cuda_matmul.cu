@@ -459,6 +459,12 @@ __global__ void halves_sum_kernel(const float *__restrict__ c2, int64_t half, fl
     }
 }
 
+static void halves_sum(lm_cuda_backend *cu, const float *c2, int64_t half, float *c) {
+    const bool vec = half % 4 == 0 && (uintptr_t)c % 16 == 0;
+    lm_cuda_launch(cu, halves_sum_kernel, lm_cuda_blocks(vec ? half / 4 : half, 256), 256, c2, half, c, vec);
+    lm_cuda_launched(cu, "halves_sum_kernel");
+}
+
 template <int T>
 static void launch_dequant_bf16(lm_cuda_backend *cu, const lm_weight *w, int64_t r0, int64_t nr, __nv_bfloat16 *out) {
     int64_t cpr = w->cols / 8, total = nr * cpr;
@@ -508,6 +514,7 @@ __nv_bfloat16 *lm_cuda_gemm_input(lm_cuda_backend *cu, const float *x, int64_t c
     cu->gemm_in_src = x;
     cu->gemm_in_count = count;
     cu->gemm_in_seq = cu->op_seq;
+    cu->gemm_in_lo = false;
     return (__nv_bfloat16 *)xb;
 }
 
@@ -539,6 +546,26 @@ static int64_t gemm_lo_offset(const lm_cuda_backend *cu, bool f32, int64_t n, in
     return gemm_split(cu, f32) ? (n + chunk - 1) / chunk * chunk * cols : 0;
 }
 
+/* The precise mode's hand-off: hi where gemm_prepare_x would write it, lo at its lo
+ * offset, so the norms and swiglu that write both spare a product its conversion
+ * launch (H200, 1.5B bf16, 64 sequences: 113 launches, ~160 us a step). */
+__nv_bfloat16 *lm_cuda_gemm_input_split(lm_cuda_backend *cu, const float *x, int64_t n, int64_t cols,
+                                        __nv_bfloat16 **lo) {
+    *lo = NULL;
+    if (!cu->precise) return lm_cuda_gemm_input(cu, x, n * cols);
+    cu->gemm_in_src = NULL;
+    if (!cu->fused || lm_cuda_replaying(cu) || n <= 0 || cols <= 0 || (n * cols) % 8 != 0) return NULL;
+    const int64_t lo_off = gemm_lo_offset(cu, false, n, cols);
+    __nv_bfloat16 *xb = (__nv_bfloat16 *)lm_cuda_scratch(cu, LM_CUDA_SCR_XB, (size_t)lo_off * 2 * 2);
+    if (!xb) return NULL;
+    cu->gemm_in_src = x;
+    cu->gemm_in_count = n * cols;
+    cu->gemm_in_seq = cu->op_seq;
+    cu->gemm_in_lo = true;
+    *lo = xb + lo_off;
+    return xb;
+}
+
 /* The GEMM path's activations: x [n][cols] padded to a whole number of chunks, as f32
  * (F32 weights) or rounded to bf16 (and its lo part after it, gemm_split), in the XB
  * scratch (the padding's columns of the product are never read, so a handed-off bf16
@@ -547,7 +574,7 @@ static const void *gemm_prepare_x(lm_cuda_backend *cu, bool f32, const float *x,
     const int64_t chunk = gemm_chunk_of(cu, n), n_pad = (n + chunk - 1) / chunk * chunk;
     const int64_t lo_off = gemm_lo_offset(cu, f32, n, cols);
     const size_t bytes = (size_t)(n_pad * cols) * (f32 ? 4 : 2) * (lo_off ? 2 : 1);
-    if (!f32 && !lo_off && cu->gemm_in_src == x && cu->gemm_in_count == n * cols &&
+    if (!f32 && (!lo_off || cu->gemm_in_lo) && cu->gemm_in_src == x && cu->gemm_in_count == n * cols &&
         cu->gemm_in_seq + 1 == cu->op_seq && cu->scr_cap[LM_CUDA_SCR_XB] >= bytes)
         return cu->scr[LM_CUDA_SCR_XB];
     cu->gemm_in_src = NULL; /* XB is rewritten below */
@@ -663,17 +690,21 @@ static bool gemm_call1(lm_cuda_backend *cu, bool f32, const void *A, int64_t nr,
  * once, and a light kernel sums its halves into C; else the second GEMM adds into C.
  * Merged, on the H200 (1.5B bf16, tokens/s, twenty-fourth session, one call): x8
  * 2,563-2,613 -> 3,620-3,658, x64 19,824-20,077 -> 27,702-27,729, x256 48,341-48,390
- * -> 50,501-50,728; Q4_K_M x64 19,336-19,449 -> 26,178-26,454. */
+ * -> 50,501-50,728; Q4_K_M x64 19,336-19,449 -> 26,178-26,454. With halves (not NULL)
+ * a merged product leaves its halves unsummed, hi at *halves and lo chunk x nr floats
+ * after, for an op that sums them itself (*halves NULL: C was written). */
 static bool gemm_call(lm_cuda_backend *cu, bool f32, const void *A, int64_t nr, int64_t cols, const void *xs,
-                      int64_t lo_off, int64_t c0, int64_t chunk, float *C) {
+                      int64_t lo_off, int64_t c0, int64_t chunk, float *C, const float **halves = NULL) {
+    if (halves) *halves = NULL;
     if (lo_off && lo_off == chunk * cols && c0 == 0) {
         float *C2 = (float *)lm_cuda_scratch(cu, LM_CUDA_SCR_YSPLIT, (size_t)(2 * chunk * nr) * 4);
         if (!C2 || !gemm_call1(cu, f32, A, nr, cols, xs, 0, 2 * chunk, C2, false)) return false;
-        const int64_t half = chunk * nr;
-        const bool vec = half % 4 == 0 && (uintptr_t)C % 16 == 0;
-        lm_cuda_launch(cu, halves_sum_kernel, lm_cuda_blocks(vec ? half / 4 : half, 256), 256, (const float *)C2, half,
-                       C, vec);
-        return lm_cuda_launched(cu, "halves_sum_kernel");
+        if (halves) {
+            *halves = C2;
+            return true;
+        }
+        halves_sum(cu, C2, chunk * nr, C);
+        return cu->err == LM_OK;
     }
     return gemm_call1(cu, f32, A, nr, cols, xs, c0, chunk, C, false) &&
            (!lo_off ||
@@ -683,8 +714,9 @@ static bool gemm_call(lm_cuda_backend *cu, bool f32, const void *A, int64_t nr, 
 /* y = W x on prepared activations xs (gemm_prepare_x with f32 = W is F32). A GEMM of a
  * whole chunk over all rows writes y in place (column-major [chunk][rows] is y's
  * layout); a partial last chunk or a row tile goes through scratch and is copied out.
- * Both have the same shape and leading dimensions, so the same algorithm. */
-static void gemm_run(lm_cuda_backend *cu, const lm_weight *w, const void *xs, int64_t n, float *y) {
+ * Both have the same shape and leading dimensions, so the same algorithm. defer: the
+ * precise mode's halves of an in-place output left for the next op (sum_pending). */
+static void gemm_run(lm_cuda_backend *cu, const lm_weight *w, const void *xs, int64_t n, float *y, bool defer = false) {
     const int64_t rows = w->rows, cols = w->cols;
     const int64_t chunk = gemm_chunk_of(cu, n), n_pad = (n + chunk - 1) / chunk * chunk;
     const bool f32 = w->type == LM_DTYPE_F32, bf16 = w->type == LM_DTYPE_BF16;
@@ -715,7 +747,11 @@ static void gemm_run(lm_cuda_backend *cu, const lm_weight *w, const void *xs, in
             const int64_t nv = n - c0 < chunk ? n - c0 : chunk;
             const bool in_place = whole_rows && nv == chunk;
             float *C = in_place ? y + c0 * rows : ys;
-            if (!gemm_call(cu, f32, A, nr, cols, xs, lo_off, c0, chunk, C)) return;
+            const float *halves = NULL;
+            if (!gemm_call(cu, f32, A, nr, cols, xs, lo_off, c0, chunk, C,
+                           in_place && defer && cu->fused ? &halves : NULL))
+                return;
+            if (halves) cu->sum_pending.dst = C, cu->sum_pending.c2 = halves, cu->sum_pending.count = chunk * rows;
             if (in_place) continue;
             /* ys is column-major [chunk][nr]: token t's nr values are contiguous */
             if (!lm_cuda_ok(cu,
@@ -889,6 +925,20 @@ void lm_cuda_qkv_split(lm_cuda_backend *cu) {
     launch_unpack(cu, set, ys, 0, cu->qkv_pending.n);
 }
 
+void lm_cuda_sum_flush(lm_cuda_backend *cu) {
+    float *dst = cu->sum_pending.dst;
+    cu->sum_pending.dst = NULL;
+    halves_sum(cu, cu->sum_pending.c2, cu->sum_pending.count, dst);
+}
+
+const float *lm_cuda_sum_take(lm_cuda_backend *cu, const float *dst, int64_t count, const float **lo) {
+    *lo = NULL;
+    if (!cu->sum_pending.dst || cu->sum_pending.dst != dst || cu->sum_pending.count != count) return NULL;
+    cu->sum_pending.dst = NULL;
+    *lo = cu->sum_pending.c2 + count;
+    return cu->sum_pending.c2;
+}
+
 const float *lm_cuda_qkv_take(lm_cuda_backend *cu, const float *q, const float *k, const float *v, int64_t n) {
     const float *ys = cu->qkv_pending.ys;
     if (!ys || cu->qkv_pending.n != n || cu->qkv_pending.y[0] != q || cu->qkv_pending.y[1] != k ||
@@ -925,11 +975,15 @@ static void packed_run(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, 
     if (!ys || cu->err) return;
     for (int64_t c0 = 0; c0 < n; c0 += chunk) {
         const int64_t nv = n - c0 < chunk ? n - c0 : chunk;
-        if (!gemm_call(cu, f32, A, rows_all, cols, xs, gemm_lo_offset(cu, f32, n, cols), c0, chunk, ys)) return;
+        const float *halves = NULL; /* the precise mode's: swiglu sums them itself */
+        if (!gemm_call(cu, f32, A, rows_all, cols, xs, gemm_lo_offset(cu, f32, n, cols), c0, chunk, ys,
+                       swiglu_out ? &halves : NULL))
+            return;
         if (swiglu_out) {
             /* the down projection's bf16 input handed off only when no later chunk's
              * GEMM still reads the activations from the same scratch */
-            lm_cuda_swiglu_packed(cu, ys, nv, w[0]->rows, swiglu_out + c0 * w[0]->rows, nv == n);
+            lm_cuda_swiglu_packed(cu, halves ? halves : ys, halves ? halves + chunk * rows_all : NULL, nv, w[0]->rows,
+                                  swiglu_out + c0 * w[0]->rows, nv == n);
         } else if (n_w == 3 && nv == n && cu->fused) {
             cu->qkv_pending.ys = ys;
             cu->qkv_pending.n = n;
@@ -953,7 +1007,7 @@ extern "C" lm_status lm_cuda_matmul(lm_backend *b, const lm_weight *w, const flo
     case PATH_TC: tc_run(cu, &w, 1, x, n, &y); break;
     case PATH_GEMM: {
         const void *xs = gemm_prepare_x(cu, w->type == LM_DTYPE_F32, x, n, w->cols);
-        if (xs) gemm_run(cu, w, xs, n, y);
+        if (xs) gemm_run(cu, w, xs, n, y, true);
         break;
     }
     }

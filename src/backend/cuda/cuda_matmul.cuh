@@ -107,7 +107,11 @@ bool lm_cuda_gemm_lt(lm_cuda_backend *cu, const void *A, int64_t rows, int64_t c
 
 /* The packed gate/up product's chunk ys [nv][2 * ff] (gate then up, per token; ff a
  * multiple of 4, ys and out 16-byte aligned) to out[t][r] = silu(gate) * up
- * (cuda_swiglu.cu); hand_off: also the bf16 copy the down projection's GEMM takes. */
-void lm_cuda_swiglu_packed(lm_cuda_backend *cu, const float *ys, int64_t nv, int64_t ff, float *out, bool hand_off);
+ * (cuda_swiglu.cu); hand_off: also the bf16 copy the down projection's GEMM takes.
+ * ys_lo (the precise mode's merged product, cuda_matmul.cu gemm_call; else NULL): the
+ * product's lo half, summed with ys first as its sum kernel would, and the hand-off
+ * with its lo part too. */
+void lm_cuda_swiglu_packed(lm_cuda_backend *cu, const float *ys, const float *ys_lo, int64_t nv, int64_t ff,
+                           float *out, bool hand_off);
 
 #endif

@@ -28,19 +28,47 @@ __global__ void __launch_bounds__(NORM_THREADS)
                                    wv);
 }
 
+/* The precise mode's form (lm_cuda_norm_row's PRECISE): add may be the hi half of a
+ * product whose lo half is add_lo, written summed to add_dst; the output handed off
+ * as hi (outb) and lo (outl). A kernel of its own, so the default's stays as it was. */
+__global__ void __launch_bounds__(NORM_THREADS)
+    norm_rows_precise_kernel(float *y, const float *add, const float *add_lo, float *add_dst,
+                             const float *__restrict__ w, int64_t d, float eps, float *out, __nv_bfloat16 *outb,
+                             __nv_bfloat16 *outl) {
+    float wv[LM_CUDA_NORM_CACHE];
+    lm_cuda_norm_weights<NORM_THREADS>(w, d, wv);
+    lm_pdl_enter();
+    __shared__ double part[NORM_WARPS];
+    const int64_t r = (int64_t)blockIdx.x * d;
+    lm_cuda_norm_row<NORM_THREADS, true>(y + r, add ? add + r : NULL, w, d, eps, out + r, part,
+                                         outb ? outb + r : NULL, wv, add_lo ? add_lo + r : NULL,
+                                         add_dst ? add_dst + r : NULL, outl ? outl + r : NULL);
+}
+
 /* y += add (add not NULL), then out = rms_norm(y) * w, n rows of d; out also in bf16
- * for the product after it (lm_cuda_gemm_input). */
+ * for the product after it (lm_cuda_gemm_input). In the precise mode add may still be
+ * a product's two halves (lm_cuda_sum_take), summed here, and the hand-off has its lo
+ * part (lm_cuda_gemm_input_split). */
 static void norm_rows(lm_backend *b, float *y, const float *add, const float *w, int64_t n, int64_t d, float eps,
                       float *out) {
     lm_cuda_backend *cu = lm_cuda(b);
+    /* before entering, which would sum them (add is y: the halves summed first) */
+    const float *add_lo = NULL, *add_hi = add && add != y ? lm_cuda_sum_take(cu, add, n * d, &add_lo) : NULL;
     lm_cuda_enter(cu);
     if (n <= 0 || d <= 0 || lm_cuda_replaying(cu)) return;
-    __nv_bfloat16 *outb = lm_cuda_gemm_input(cu, out, n * d);
+    __nv_bfloat16 *outl = NULL, *outb = lm_cuda_gemm_input_split(cu, out, n, d, &outl);
+    float *add_dst = add_hi ? const_cast<float *>(add) : NULL; /* the product's output, written here */
+    if (add_hi) add = add_hi;
     const int64_t max_rows = 2147483647LL; /* the grid's x */
     for (int64_t r0 = 0; r0 < n; r0 += max_rows) {
         const int64_t nn = n - r0 < max_rows ? n - r0 : max_rows, off = r0 * d;
-        lm_cuda_launch(cu, norm_rows_kernel, (unsigned)nn, NORM_THREADS, y + off, add ? add + off : NULL, w, d, eps,
-                       out + off, outb ? outb + off : NULL);
+        if (cu->precise)
+            lm_cuda_launch(cu, norm_rows_precise_kernel, (unsigned)nn, NORM_THREADS, y + off, add ? add + off : NULL,
+                           add_lo ? add_lo + off : NULL, add_dst ? add_dst + off : NULL, w, d, eps, out + off,
+                           outb ? outb + off : NULL, outl ? outl + off : NULL);
+        else
+            lm_cuda_launch(cu, norm_rows_kernel, (unsigned)nn, NORM_THREADS, y + off, add ? add + off : NULL, w, d,
+                           eps, out + off, outb ? outb + off : NULL);
         if (!lm_cuda_launched(cu, "norm_rows_kernel")) return;
     }
 }

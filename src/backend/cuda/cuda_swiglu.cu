@@ -51,8 +51,39 @@ __global__ void swiglu_packed_kernel(const float4 *__restrict__ ys, int64_t ff4,
     }
 }
 
-void lm_cuda_swiglu_packed(lm_cuda_backend *cu, const float *ys, int64_t nv, int64_t ff, float *out, bool hand_off) {
+__device__ __forceinline__ float4 add4(float4 a, float4 b) {
+    return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+}
+
+__device__ __forceinline__ uint2 bf16_lo4(float4 o) {
+    const __nv_bfloat16 a = lm_bf16_lo(o.x), b = lm_bf16_lo(o.y), c = lm_bf16_lo(o.z), d = lm_bf16_lo(o.w);
+    return make_uint2((uint32_t)__bfloat16_as_ushort(a) | (uint32_t)__bfloat16_as_ushort(b) << 16,
+                      (uint32_t)__bfloat16_as_ushort(c) | (uint32_t)__bfloat16_as_ushort(d) << 16);
+}
+
+/* The precise mode's form: gate and up each the sum of the product's two halves (as
+ * halves_sum_kernel adds them), the output handed off as hi (outb) and lo (outl). */
+__global__ void swiglu_packed_halves_kernel(const float4 *__restrict__ ys, const float4 *__restrict__ ys_lo,
+                                            int64_t ff4, int64_t total4, float4 *out, uint2 *outb, uint2 *outl) {
+    lm_pdl_enter();
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total4; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t t = i / ff4, r = i - t * ff4, g = 2 * t * ff4 + r, u = (2 * t + 1) * ff4 + r;
+        swiglu4_store(add4(ys[g], ys_lo[g]), add4(ys[u], ys_lo[u]), out, outb, i);
+        if (outl) outl[i] = bf16_lo4(out[i]);
+    }
+}
+
+void lm_cuda_swiglu_packed(lm_cuda_backend *cu, const float *ys, const float *ys_lo, int64_t nv, int64_t ff,
+                           float *out, bool hand_off) {
     const int64_t total4 = nv * ff / 4;
+    if (ys_lo) {
+        __nv_bfloat16 *lo = NULL;
+        uint2 *outb = hand_off ? (uint2 *)lm_cuda_gemm_input_split(cu, out, nv, ff, &lo) : NULL;
+        lm_cuda_launch(cu, swiglu_packed_halves_kernel, lm_cuda_blocks(total4, 256), 256, (const float4 *)ys,
+                       (const float4 *)ys_lo, ff / 4, total4, (float4 *)out, outb, (uint2 *)lo);
+        lm_cuda_launched(cu, "swiglu_packed_halves_kernel");
+        return;
+    }
     uint2 *outb = hand_off ? (uint2 *)lm_cuda_gemm_input(cu, out, nv * ff) : NULL;
     lm_cuda_launch(cu, swiglu_packed_kernel, lm_cuda_blocks(total4, 256), 256, (const float4 *)ys, ff / 4, total4,
                    (float4 *)out, outb);
