@@ -750,7 +750,7 @@ extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
     const char *stage = getenv("LUMEN_CUDA_MV_STAGE"); /* 0: quantized rows read in place */
     cu->mv_stage = !(stage && strcmp(stage, "0") == 0);
     /* the precise mode (cuda_matmul.cu, gemm_split): batched outputs that follow the
-     * single-sequence ones, at ~20% less batched throughput at 8-64 sequences */
+     * single-sequence ones, at ~15% less batched throughput at 8-64 sequences */
     const char *precise = getenv("LUMEN_CUDA_PRECISE");
     cu->precise = precise && strcmp(precise, "1") == 0;
     const char *mvq = getenv("LUMEN_CUDA_MVQ"); /* 0: Q4_K/Q6_K products in f32 too */

@@ -533,11 +533,13 @@ __nv_bfloat16 *lm_cuda_gemm_input(lm_cuda_backend *cu, const float *x, int64_t c
  * 0.0696 by default, 0 / 0 / 0 in this mode (1 of 32 at 0.0109 with the split alone,
  * 2-3 at 0.0509 with the rounding alone), 0 / 0 / 0 on its bf16 conversion (4 / 4 / 4
  * by default). Its cost: twice the columns in the products, one GEMM for both parts
- * where one chunk holds the batch (gemm_call). 1.5B bf16, tokens/s, default -> this
- * mode: x8 ~4,550 -> 3,620-3,658, x64 33,924-34,780 -> 27,702-27,729, x256 ~80,260 ->
- * 50,501-50,728; Q4_K_M x64 ~32,900 -> 26,178-26,454, x1 1,079-1,085 -> 813-816 (the
- * copies' bytes; 611 when it rounded the decoded weights instead, twenty-third
- * session). F32 weights take f32 activations anyway. */
+ * where one chunk holds the batch (gemm_call), its halves summed by the op after it
+ * (an add_rms_norm through sum_pending, the packed swiglu) or a light kernel, the lo
+ * parts handed off by the norms and swiglu (lm_cuda_gemm_input_split). H200, 1.5B
+ * bf16, tokens/s, default -> this mode (twenty-fourth session): x8 ~4,550 ->
+ * 3,770-3,819, x64 ~34,400 -> 29,460-29,523, x256 ~80,260 -> 52,818-52,931; Q4_K_M x64
+ * ~32,900 -> 28,078-28,388, x1 1,079-1,085 -> 813-816 (the copies' bytes; 611 when it
+ * rounded the decoded weights instead). F32 weights take f32 activations anyway. */
 static bool gemm_split(const lm_cuda_backend *cu, bool f32) { return cu->precise && !f32; }
 
 /* Where the lo part starts in prepared activations (elements after xs), 0 for none. */
@@ -548,7 +550,11 @@ static int64_t gemm_lo_offset(const lm_cuda_backend *cu, bool f32, int64_t n, in
 
 /* The precise mode's hand-off: hi where gemm_prepare_x would write it, lo at its lo
  * offset, so the norms and swiglu that write both spare a product its conversion
- * launch (H200, 1.5B bf16, 64 sequences: 113 launches, ~160 us a step). */
+ * launch (H200, 1.5B bf16, 64 sequences: 113 launches, ~160 us a step, before). With
+ * the halves summed by the ops after the products (sum_pending, the packed swiglu):
+ * x8 3,610-3,623 -> 3,770-3,819 tokens/s, x64 27,493-27,744 -> 29,460-29,523, x256
+ * 49,850-50,195 -> 52,818-52,931, Q4_K_M x64 25,426-26,357 -> 28,078-28,388 (one call;
+ * batch 1 unchanged: the default's kernels compile as before). */
 __nv_bfloat16 *lm_cuda_gemm_input_split(lm_cuda_backend *cu, const float *x, int64_t n, int64_t cols,
                                         __nv_bfloat16 **lo) {
     *lo = NULL;
