@@ -519,8 +519,8 @@ __nv_bfloat16 *lm_cuda_gemm_input(lm_cuda_backend *cu, const float *x, int64_t c
 }
 
 /* The precise mode (LUMEN_CUDA_PRECISE=1): the GEMM path takes its bf16 activations
- * in two parts, hi = bf16(x) and lo = bf16(x - hi), through two products summed (C =
- * W hi, then C += W lo: x to ~16 significant bits instead of 8; no bf16 hand-off), and
+ * in two parts, hi = bf16(x) and lo = bf16(x - hi), whose products are summed (C = W
+ * hi + W lo: x to ~16 significant bits instead of 8; gemm_call), and
  * the matrix-vector kernel reads the values the GEMMs read: a quantized or f16
  * weight's bf16 copy where it has one (mv_dispatch), else its decoded weights rounded
  * to bf16 (set.round_w; the 8-bit kernel off: cuda_backend.cu), so a token's
@@ -981,9 +981,9 @@ static void packed_run(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, 
     if (!ys || cu->err) return;
     for (int64_t c0 = 0; c0 < n; c0 += chunk) {
         const int64_t nv = n - c0 < chunk ? n - c0 : chunk;
-        const float *halves = NULL; /* the precise mode's: swiglu sums them itself */
+        const float *halves = NULL; /* the precise mode's: swiglu sums them itself (a fused op) */
         if (!gemm_call(cu, f32, A, rows_all, cols, xs, gemm_lo_offset(cu, f32, n, cols), c0, chunk, ys,
-                       swiglu_out ? &halves : NULL))
+                       swiglu_out && cu->fused ? &halves : NULL))
             return;
         if (swiglu_out) {
             /* the down projection's bf16 input handed off only when no later chunk's
