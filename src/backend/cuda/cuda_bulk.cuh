@@ -18,6 +18,37 @@ __device__ __forceinline__ void lm_cp_async16(void *smem, const void *gmem) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(lm_smem_addr(smem)), "l"(gmem) : "memory");
 }
 
+/* The L2 policy of the 8-bit products' weight bytes (cuda_matmul_q8.cu,
+ * cuda_matmul_q8h.cu): evicted first. A decode step streams every weight through L2
+ * once (1 GB for a 1.5B Q4_K_M model against 50 MB of L2), and under the normal
+ * policy that stream evicts what the step reads again: the KV cache (written a step
+ * before), the norms' weights and biases. Marked evict-first, the weights displace
+ * each other instead. H100 (the H200 was not lent that session), Q4_K_M 1.5B-shaped,
+ * batch 1, side by side in two calls: 1,021-1,030 -> 1,034-1,040 and 1,018-1,022 ->
+ * 1,028-1,037 tokens/s. The bf16 kernel's loads under it (lm_ld_weights16) measured
+ * 690-690 against 692-693 and 686-686 against 687-688: they keep the normal policy. */
+__device__ __forceinline__ uint64_t lm_l2_stream_policy(void) {
+    uint64_t pol;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    return pol;
+}
+
+/* lm_cp_async16 for weight bytes (lm_l2_stream_policy) */
+__device__ __forceinline__ void lm_cp_async16_stream(void *smem, const void *gmem) {
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(lm_smem_addr(smem)), "l"(gmem),
+                 "l"(lm_l2_stream_policy())
+                 : "memory");
+}
+
+/* 16 bytes of weights through L1 (__ldg's load) under lm_l2_stream_policy */
+__device__ __forceinline__ uint4 lm_ldg_stream16(const void *p) {
+    uint4 u;
+    asm("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+        : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
+        : "l"(p), "l"(lm_l2_stream_policy()));
+    return u;
+}
+
 __device__ __forceinline__ void lm_cp_async_wait_all(void) { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 /* `bytes` (a multiple of 16) of global memory at src (16-byte aligned) requested into

@@ -49,6 +49,7 @@
  * rows in place). H200, Q4_K_M 1.5B-shaped, batch 1, one call (sixteenth session):
  * 889.4-892.7 -> 906.1-910.4 tokens/s; its first super-block requested before the
  * PDL wait as well (113 registers instead of 85): 889.9-911.0, not kept. */
+#include "backend/cuda/cuda_bulk.cuh"
 #include "backend/cuda/cuda_matmul.cuh"
 
 enum {
@@ -179,7 +180,7 @@ struct mvq_sbw {
 __device__ __forceinline__ void mvq_q4k_load(const uint8_t *sb, mvq_sbw &b) {
 #pragma unroll
     for (int p = 0; p < 9; p++) {
-        const uint4 v = __ldg((const uint4 *)sb + p);
+        const uint4 v = lm_ldg_stream16((const uint4 *)sb + p);
         b.w[4 * p] = v.x, b.w[4 * p + 1] = v.y, b.w[4 * p + 2] = v.z, b.w[4 * p + 3] = v.w;
     }
 }
@@ -246,7 +247,7 @@ __device__ __forceinline__ void mvq_q6k_load(const uint8_t *sb, mvq_sbw &b) {
     uint32_t r[60];
 #pragma unroll
     for (int i = 0; i < 15; i++) {
-        const uint4 v = __ldg(a + i);
+        const uint4 v = lm_ldg_stream16(a + i);
         r[4 * i] = v.x, r[4 * i + 1] = v.y, r[4 * i + 2] = v.z, r[4 * i + 3] = v.w;
     }
 #pragma unroll
@@ -302,7 +303,7 @@ __device__ __forceinline__ void mvq_q6w_load(const uint8_t *tile, int lane, mvq_
     const uint4 *a = (const uint4 *)tile + lane;
 #pragma unroll
     for (int k = 0; k < MVQ_WIDE_WORDS; k++) {
-        const uint4 v = __ldg(a + MVQ_WIDE_ROWS * k);
+        const uint4 v = lm_ldg_stream16(a + MVQ_WIDE_ROWS * k);
         b.w[4 * k] = v.x, b.w[4 * k + 1] = v.y, b.w[4 * k + 2] = v.z, b.w[4 * k + 3] = v.w;
     }
     b.d6 = __ldg((const unsigned short *)(tile + 16 * MVQ_WIDE_ROWS * MVQ_WIDE_WORDS) + lane);

@@ -115,9 +115,9 @@ struct q8h_chunk {
 
 __device__ __forceinline__ void q8h_load(const uint8_t *wr, int c, q8h_chunk &w) {
     const uint8_t *sb = wr + (size_t)(c >> 2) * 144;
-    w.hd = __ldg((const uint4 *)sb);
-    w.c0 = __ldg((const uint4 *)(sb + 16 + 32 * (c & 3)));
-    w.c1 = __ldg((const uint4 *)(sb + 32 + 32 * (c & 3)));
+    w.hd = lm_ldg_stream16(sb);
+    w.c0 = lm_ldg_stream16(sb + 16 + 32 * (c & 3));
+    w.c1 = lm_ldg_stream16(sb + 32 + 32 * (c & 3));
 }
 
 /* acc[t] += chunk c of the row times token t's activations (values 64c .. 64c + 63),
@@ -285,7 +285,7 @@ __global__ void __launch_bounds__(Q8H_THREADS, 4)
     const int words = (int)((start + row_bytes - a0 + 15) / 16);
     uint4 *stage = (uint4 *)(q8h_smem + q8h_acts_bytes(NT, h.ff)) + (size_t)warp * stage_words;
     if (on)
-        for (int i = lane; i < words; i += 32) lm_cp_async16(stage + i, (const void *)(a0 + 16 * (uintptr_t)i));
+        for (int i = lane; i < words; i += 32) lm_cp_async16_stream(stage + i, (const void *)(a0 + 16 * (uintptr_t)i));
     lm_pdl_enter<true>(); /* the next kernel (a norm) let in first */
     const mv_q8h hs = q8h_stage_acts(h, t0, nt, q8h_smem);
     lm_cp_async_wait_all();
