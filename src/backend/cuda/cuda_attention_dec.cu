@@ -199,9 +199,38 @@ __device__ __forceinline__ const float *dec_bias_row(const qf_args &f, int which
  * end where going through shared memory (load, barrier, rotate, barrier, store) took
  * three (H200, 1.5B-shaped, batch 1, seventeenth session, one call: Q4_K_M 938.4-945.3
  * -> 958.4-970.4 tokens/s, bf16 751.5-754.5 -> 763.7-774.0). */
+/* The biases of dec_finish's pairs for this thread (0 without biases), read before
+ * the PDL wait: weights, written at load, and in a decode step a trip to memory each
+ * (the whole model streams through L2 between two reads), which after the wait had
+ * lain on the chain beside the product's rows, read from L2. H100 (twenty-fifth
+ * session), 1.5B-shaped, batch 1, block (0, 0)'s qkv_finish phase 0.83 -> 0.60 us
+ * Q4_K_M, 0.76 -> 0.64 bf16; tokens/s Q4_K_M 1,044.6-1,045.5 -> 1,047.8-1,054.6, bf16
+ * the same (691.0-692.6 vs 690.5-691.5: a bf16 step's attention block reaches its
+ * wait only after the Q/K/V product, whose blocks fill the SMs' registers, so what it
+ * does before the wait is on the chain there, 1.18 -> 1.37 us). */
+template <int HD, int THREADS, int MAXG>
+__device__ __forceinline__ void dec_finish_biases(const qf_args &f, int hk, int h0, int group, bool last,
+                                                  float b0[dec_finish_passes<HD, THREADS, MAXG>()],
+                                                  float b1[dec_finish_passes<HD, THREADS, MAXG>()]) {
+    constexpr int ROWS = dec_finish_rows<HD, THREADS>(), PER = dec_finish_passes<HD, THREADS, MAXG>();
+    const int j = threadIdx.x % (HD / 2), r0 = threadIdx.x / (HD / 2), rows = group + (last ? 2 : 0);
+    int i0, i1;
+    dec_pair_dims(f, j, &i0, &i1);
+#pragma unroll
+    for (int k = 0; k < PER; k++) {
+        const int r = r0 + k * ROWS, which = r - group; /* 0: the key, 1: the value */
+        b0[k] = b1[k] = 0.0f;
+        if (r >= rows || !f.bq) continue; /* all three biases or none, as qkv_finish */
+        const int e0 = which == 1 ? 2 * j : i0, e1 = which == 1 ? 2 * j + 1 : i1;
+        const float *bias = dec_bias_row(f, which, h0, r, hk, HD);
+        b0[k] = bias[e0], b1[k] = bias[e1];
+    }
+}
+
 template <int HD, int THREADS, int MAXG>
 __device__ void dec_finish(const qf_args &f, float c, float s, int t, int hk, int h0, int group, bool first, bool last,
-                           int64_t slot, float (*q_fin)[HD]) {
+                           int64_t slot, float (*q_fin)[HD], const float b0[dec_finish_passes<HD, THREADS, MAXG>()],
+                           const float b1[dec_finish_passes<HD, THREADS, MAXG>()]) {
     static_assert(THREADS % (HD / 2) == 0, "a thread's pairs share their index in the row");
     constexpr int ROWS = dec_finish_rows<HD, THREADS>(), PER = dec_finish_passes<HD, THREADS, MAXG>();
     const int q_dim = f.n_head * HD, kv_dim = f.n_head_kv * HD, half = f.n_rot / 2, j = threadIdx.x % (HD / 2);
@@ -209,19 +238,15 @@ __device__ void dec_finish(const qf_args &f, float c, float s, int t, int hk, in
     const float *in = f.in + (int64_t)t * (q_dim + 2 * kv_dim);
     int i0, i1; /* the pair's two dimensions in a rotated row (in the value: 2j, 2j + 1) */
     dec_pair_dims(f, j, &i0, &i1);
-    float x0[PER], x1[PER], b0[PER], b1[PER];
+    float x0[PER], x1[PER];
 #pragma unroll
     for (int k = 0; k < PER; k++) {
         const int r = r0 + k * ROWS, which = r - group; /* 0: the key, 1: the value */
-        x0[k] = x1[k] = b0[k] = b1[k] = 0.0f;
+        x0[k] = x1[k] = 0.0f;
         if (r >= rows) continue;
         const int e0 = which == 1 ? 2 * j : i0, e1 = which == 1 ? 2 * j + 1 : i1;
         const int base = which < 0 ? (h0 + r) * HD : q_dim + which * kv_dim + hk * HD;
         x0[k] = in[base + e0], x1[k] = in[base + e1];
-        if (f.bq) { /* all three biases or none, as qkv_finish */
-            const float *bias = dec_bias_row(f, which, h0, r, hk, HD);
-            b0[k] = bias[e0], b1[k] = bias[e1];
-        }
     }
 #pragma unroll
     for (int k = 0; k < PER; k++) {
@@ -309,12 +334,14 @@ __global__ void __launch_bounds__(32 * WARPS)
     extern __shared__ __align__(16) uint4 dec_stage_words[]; /* tc_early(HD): dec_stage_warp_bytes a warp */
     __half *const stage = (__half *)dec_stage_words + warp * (dec_stage_warp_bytes<HD>() / sizeof(__half));
     if (early) dec_stage_block<HD>(stage, K, V, blk, d_kv, head_off, lane);
+    float fb0[FIN ? dec_finish_passes<HD, THREADS, MAXG>() : 1], fb1[FIN ? dec_finish_passes<HD, THREADS, MAXG>() : 1];
+    if constexpr (FIN) dec_finish_biases<HD, THREADS, MAXG>(fin, hk, h0, group, split == n_split - 1, fb0, fb1);
     if (profiled) stamp[1] = lm_cuda_clock_ns();
     lm_pdl_enter();
     if (profiled) stamp[2] = lm_cuda_clock_ns();
-    if (FIN)
+    if constexpr (FIN)
         dec_finish<HD, THREADS, MAXG>(fin, rc, rs, t, hk, h0, group, split == 0, split == n_split - 1,
-                                (int64_t)table[p / TC_ROWS] * TC_ROWS + p % TC_ROWS, q_fin);
+                                      (int64_t)table[p / TC_ROWS] * TC_ROWS + p % TC_ROWS, q_fin, fb0, fb1);
     if (profiled) stamp[3] = lm_cuda_clock_ns();
     /* the group's query heads are the rows */
     uint32_t qa[HD / 16][4];
