@@ -185,20 +185,6 @@ __device__ __forceinline__ const float *dec_bias_row(const qf_args &f, int which
     return which < 0 ? f.bq + (h0 + r) * hd : (which ? f.bv : f.bk) + hk * hd;
 }
 
-/* The qkv_finish of this block's heads (FIN: the op was left to this kernel,
- * cuda_qkv_finish.cu): the group's query rows from the packed product, biased and
- * rotated as qkv_finish_kernel does them (the same roundings), into q_fin (and, by
- * split 0, into q); the split holding the token's own position also makes its KV
- * head's key and value and writes them to k, v and the cache before any warp reads
- * the cache. A thread takes pairs of elements: rows of HD / 2 pairs (the query rows,
- * then the key, then the value), pair j of a rotated row RoPE's pair j when j < half,
- * else two dimensions past n_rot passed through; a row of the value two dimensions. The
- * block's threads are a multiple of HD / 2, so a thread's pairs share j, and (c, s),
- * its angle's, comes in registers from before the wait. Every pair is loaded, with its
- * biases, before the first is rotated and stored, in registers: one barrier at the
- * end where going through shared memory (load, barrier, rotate, barrier, store) took
- * three (H200, 1.5B-shaped, batch 1, seventeenth session, one call: Q4_K_M 938.4-945.3
- * -> 958.4-970.4 tokens/s, bf16 751.5-754.5 -> 763.7-774.0). */
 /* The biases of dec_finish's pairs for this thread (0 without biases), read before
  * the PDL wait: weights, written at load, and in a decode step a trip to memory each
  * (the whole model streams through L2 between two reads), which after the wait had
@@ -206,8 +192,9 @@ __device__ __forceinline__ const float *dec_bias_row(const qf_args &f, int which
  * session), 1.5B-shaped, batch 1, block (0, 0)'s qkv_finish phase 0.83 -> 0.60 us
  * Q4_K_M, 0.76 -> 0.64 bf16; tokens/s Q4_K_M 1,044.6-1,045.5 -> 1,047.8-1,054.6, bf16
  * the same (691.0-692.6 vs 690.5-691.5: a bf16 step's attention block reaches its
- * wait only after the Q/K/V product, whose blocks fill the SMs' registers, so what it
- * does before the wait is on the chain there, 1.18 -> 1.37 us). */
+ * wait only after the Q/K/V product's blocks have left the SMs, presumably for their
+ * other shared-memory split (cuda_internal.cuh, LM_CUDA_CARVEOUT), so what it does
+ * before the wait is on the chain there, 1.18 -> 1.37 us). */
 template <int HD, int THREADS, int MAXG>
 __device__ __forceinline__ void dec_finish_biases(const qf_args &f, int hk, int h0, int group, bool last,
                                                   float b0[dec_finish_passes<HD, THREADS, MAXG>()],
@@ -227,6 +214,21 @@ __device__ __forceinline__ void dec_finish_biases(const qf_args &f, int hk, int 
     }
 }
 
+/* The qkv_finish of this block's heads (FIN: the op was left to this kernel,
+ * cuda_qkv_finish.cu): the group's query rows from the packed product, biased and
+ * rotated as qkv_finish_kernel does them (the same roundings), into q_fin (and, by
+ * split 0, into q); the split holding the token's own position also makes its KV
+ * head's key and value and writes them to k, v and the cache before any warp reads
+ * the cache. A thread takes pairs of elements: rows of HD / 2 pairs (the query rows,
+ * then the key, then the value), pair j of a rotated row RoPE's pair j when j < half,
+ * else two dimensions past n_rot passed through; a row of the value two dimensions. The
+ * block's threads are a multiple of HD / 2, so a thread's pairs share j, and (c, s),
+ * its angle's, comes in registers from before the wait, as do its biases (b0, b1:
+ * dec_finish_biases). Every pair is loaded before the first is rotated and stored, in
+ * registers: one barrier at the
+ * end where going through shared memory (load, barrier, rotate, barrier, store) took
+ * three (H200, 1.5B-shaped, batch 1, seventeenth session, one call: Q4_K_M 938.4-945.3
+ * -> 958.4-970.4 tokens/s, bf16 751.5-754.5 -> 763.7-774.0). */
 template <int HD, int THREADS, int MAXG>
 __device__ void dec_finish(const qf_args &f, float c, float s, int t, int hk, int h0, int group, bool first, bool last,
                            int64_t slot, float (*q_fin)[HD], const float b0[dec_finish_passes<HD, THREADS, MAXG>()],
