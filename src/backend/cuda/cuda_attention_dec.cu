@@ -179,6 +179,13 @@ __device__ __forceinline__ void dec_pair_dims(const qf_args &f, int j, int *i0, 
     *i1 = j < half ? (f.neox ? j + half : 2 * j + 1) : *i0 + 1;
 }
 
+/* The two elements of dec_finish's pair j in its row (which 1: the value, whose pairs
+ * are 2j, 2j + 1; else the rotated pair's dims i0, i1) */
+__device__ __forceinline__ void dec_pair_elems(int which, int j, int i0, int i1, int *e0, int *e1) {
+    *e0 = which == 1 ? 2 * j : i0;
+    *e1 = which == 1 ? 2 * j + 1 : i1;
+}
+
 /* The bias of dec_finish's row r (which < 0: query head h0 + r; 0: the KV head's key;
  * 1: its value) */
 __device__ __forceinline__ const float *dec_bias_row(const qf_args &f, int which, int h0, int r, int hk, int hd) {
@@ -208,7 +215,8 @@ __device__ __forceinline__ void dec_finish_biases(const qf_args &f, int hk, int 
         const int r = r0 + k * ROWS, which = r - group; /* 0: the key, 1: the value */
         b0[k] = b1[k] = 0.0f;
         if (r >= rows || !f.bq) continue; /* all three biases or none, as qkv_finish */
-        const int e0 = which == 1 ? 2 * j : i0, e1 = which == 1 ? 2 * j + 1 : i1;
+        int e0, e1;
+        dec_pair_elems(which, j, i0, i1, &e0, &e1);
         const float *bias = dec_bias_row(f, which, h0, r, hk, HD);
         b0[k] = bias[e0], b1[k] = bias[e1];
     }
@@ -246,7 +254,8 @@ __device__ void dec_finish(const qf_args &f, float c, float s, int t, int hk, in
         const int r = r0 + k * ROWS, which = r - group; /* 0: the key, 1: the value */
         x0[k] = x1[k] = 0.0f;
         if (r >= rows) continue;
-        const int e0 = which == 1 ? 2 * j : i0, e1 = which == 1 ? 2 * j + 1 : i1;
+        int e0, e1;
+        dec_pair_elems(which, j, i0, i1, &e0, &e1);
         const int base = which < 0 ? (h0 + r) * HD : q_dim + which * kv_dim + hk * HD;
         x0[k] = in[base + e0], x1[k] = in[base + e1];
     }
@@ -266,7 +275,8 @@ __device__ void dec_finish(const qf_args &f, float c, float s, int t, int hk, in
                 qr[i0] = v0, qr[i1] = v1;
             }
         } else {
-            const int e0 = which == 1 ? 2 * j : i0, e1 = which == 1 ? 2 * j + 1 : i1;
+            int e0, e1;
+        dec_pair_elems(which, j, i0, i1, &e0, &e1);
             const int64_t i = (int64_t)t * kv_dim + hk * HD, cc = slot * kv_dim + hk * HD;
             float *dst = which ? f.v : f.k;
             __half *cache = (__half *)(which ? f.V : f.K);

@@ -25,8 +25,9 @@ __device__ __forceinline__ void lm_cp_async16(void *smem, const void *gmem) {
  * before), the norms' weights and biases. Marked evict-first, the weights displace
  * each other instead. H100 (the H200 was not lent that session), Q4_K_M 1.5B-shaped,
  * batch 1, side by side in three calls: 1,021-1,030 -> 1,034-1,040, 1,018-1,022 ->
- * 1,028-1,037 and 1,024-1,025 -> 1,035-1,038 tokens/s. The bf16 kernel's loads under it (lm_ld_weights16) measured
- * 690-690 against 692-693 and 686-686 against 687-688: they keep the normal policy. */
+ * 1,028-1,037 and 1,024-1,025 -> 1,035-1,038 tokens/s. The bf16 kernel's loads
+ * (lm_ld_weights16) under it measured 690 against 692-693 and 686 against 687-688:
+ * they keep the normal policy. */
 __device__ __forceinline__ uint64_t lm_l2_stream_policy(void) {
     uint64_t pol;
     asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
