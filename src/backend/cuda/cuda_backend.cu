@@ -506,8 +506,8 @@ static lm_status cuda_weight_create(lm_backend *b, const lm_tensor *t, lm_weight
         free(w);
         return st;
     }
-    /* a Q6_K head's rows again, interleaved for the one-token 8-bit product; without
-     * the memory for it the product reads the rows in place */
+    /* a Q6_K head's or a Q4_K weight's rows again, interleaved for the 8-bit product;
+     * without the memory for it the product reads the rows in place */
     if (lm_cuda_mvq_wide_wanted(cu, w)) {
         void *p = weight_alloc(cu, lm_cuda_mvq_wide_bytes(w));
         if (p && lm_cuda_mvq_wide_fill(cu, w, p)) w->wide = p;
@@ -757,6 +757,8 @@ extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
     cu->mvq = !(mvq && strcmp(mvq, "0") == 0) && !cu->precise;
     const char *mvq_wide = getenv("LUMEN_CUDA_MVQ_WIDE"); /* 0: no interleaved copy of a Q6_K head */
     cu->mvq_wide = !(mvq_wide && strcmp(mvq_wide, "0") == 0);
+    const char *mvq_q4w = getenv("LUMEN_CUDA_MVQ_Q4W"); /* 0: no interleaved copies of Q4_K weights */
+    cu->mvq_q4w = !(mvq_q4w && strcmp(mvq_q4w, "0") == 0);
     const char *handoff = getenv("LUMEN_CUDA_Q8_HANDOFF"); /* 0: down products over f32 activations */
     cu->q8_handoff = !(handoff && strcmp(handoff, "0") == 0);
     /* tensor-core products up to this many tokens above the matrix-vector path: none by

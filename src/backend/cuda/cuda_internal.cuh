@@ -137,6 +137,7 @@ typedef struct lm_cuda_backend {
     int64_t mv_max_n_copy;  /* the same for quantized weights with a bf16 copy */
     bool mvq;          /* matmul: Q4_K/Q6_K there over 8-bit activations (cuda_matmul_q8.cu; LUMEN_CUDA_MVQ=0: not) */
     bool mvq_wide;     /* matmul: a Q6_K head's interleaved copy for the 8-bit kernel (LUMEN_CUDA_MVQ_WIDE=0: not) */
+    bool mvq_q4w;      /* matmul: Q4_K weights' interleaved copies for the 8-bit kernel (LUMEN_CUDA_MVQ_Q4W=0: not) */
     bool precise;      /* matmul: the precise mode (LUMEN_CUDA_PRECISE=1; cuda_matmul.cu, gemm_split) */
     bool mv_stage;     /* matmul: one token's quantized rows staged in shared memory (LUMEN_CUDA_MV_STAGE=0: not) */
     bool q8_handoff;   /* matmul: swiglu's output handed to the down product in 8 bits (LUMEN_CUDA_Q8_HANDOFF=0: not) */
@@ -268,9 +269,10 @@ struct lm_weight {
                                   * packed weight's, given back with the first's) */
     const lm_weight *pack_next;  /* weight_pack: the weight whose rows follow this
                                   * one's in memory, or NULL                    */
-    void *wide;                  /* a Q6_K head's rows again, interleaved for the
-                                  * 8-bit kernel's coalesced loads (cuda_matmul_q8.cu,
-                                  * lm_cuda_mvq_wide_fill), or NULL             */
+    void *wide;                  /* a Q6_K head's or a Q4_K weight's rows again,
+                                  * interleaved for the 8-bit kernel's coalesced
+                                  * loads (cuda_matmul_q8.cu, lm_cuda_mvq_wide_fill),
+                                  * or NULL                                     */
     const lm_weight *pack_first; /* weight_pack: the first weight of this one's pack
                                   * (itself for the first), or NULL            */
     const lm_weight *copy_next;  /* weight_pack's set whatever its formats (one

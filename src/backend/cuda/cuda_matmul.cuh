@@ -64,10 +64,10 @@ bool lm_cuda_mvq_mixable(const lm_cuda_backend *cu, const lm_weight *a, const lm
 void lm_cuda_mvq(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, const float *x, int64_t n,
                  float *const *y, bool swiglu);
 
-/* A Q6_K head's interleaved copy (w->wide) for the 8-bit kernel: whether w gets one
- * (the kernel takes it, one lane a row: many rows, a multiple of 32), its bytes, and
- * its filling from w's rows (false: not made, the error cleared; the product then
- * reads the rows in place). */
+/* A Q6_K head's or a Q4_K weight's interleaved copy (w->wide) for the 8-bit kernel:
+ * whether w gets one (the kernel takes it; rows a multiple of 32, and for Q6_K many:
+ * a head, one lane a row), its bytes, and its filling from w's rows (false: not made,
+ * the error cleared; the product then reads the rows in place). */
 bool lm_cuda_mvq_wide_wanted(const lm_cuda_backend *cu, const lm_weight *w);
 size_t lm_cuda_mvq_wide_bytes(const lm_weight *w);
 bool lm_cuda_mvq_wide_fill(lm_cuda_backend *cu, const lm_weight *w, void *dst);

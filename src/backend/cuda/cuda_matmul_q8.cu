@@ -48,7 +48,18 @@
  * device memory for a 151,936 x 1,536 head (the other paths and get_rows read the
  * rows in place). H200, Q4_K_M 1.5B-shaped, batch 1, one call (sixteenth session):
  * 889.4-892.7 -> 906.1-910.4 tokens/s; its first super-block requested before the
- * PDL wait as well (113 registers instead of 85): 889.9-911.0, not kept. */
+ * PDL wait as well (113 registers instead of 85): 889.9-911.0, not kept.
+ *
+ * Q4_K weights (every one this kernel takes: Q/K/V, O, gate/up of a Q4_K_M file) read
+ * interleaved copies made at load the same way (MVQ_Q4W_TILE: tiles of 32 rows by one
+ * super-block, its 9 words word-major; LUMEN_CUDA_MVQ_Q4W=0: none). In place, a warp's
+ * 16 rows of 2 lanes (gate/up) or 4 rows of 8 (Q/K/V, O) made each of a super-block's
+ * 9 loads touch up to 32 lines, 864 bytes apart; from the copy a load is a run of 16
+ * bytes a row of the warp's rows in each tile it reads. The same bytes, so the same
+ * bits; it costs the weights' size again (~490 MiB for a 1.5B Q4_K_M model). H100,
+ * Q4_K_M 1.5B-shaped, batch 1, one call (twenty-sixth session): 1,033.6-1,041.6 ->
+ * 1,074.7-1,077.3 tokens/s (1,027.2-1,034.3 with LUMEN_CUDA_MVQ_Q4W=0 in the same
+ * build). */
 #include "backend/cuda/cuda_bulk.cuh"
 #include "backend/cuda/cuda_matmul.cuh"
 
@@ -56,6 +67,7 @@ enum {
     MVQ_THREADS = 128,
     MVQ_MIXED = -1, /* the kernel's T for sets of Q4_K and Q6_K weights (lm_cuda_mvq_mixable) */
     MVQ_Q6K_WIDE = -2, /* the kernel's T for a Q6_K head's interleaved copy (w->wide, below) */
+    MVQ_Q4K_WIDE = -3, /* the kernel's T for Q4_K weights' interleaved copies (w->wide, below) */
     /* The shapes it takes (lm_cuda_mvq_supports): inputs of up to 4,096 values, which
      * every block quantizes itself (the first form of this kernel took 1536x8960 in
      * 17.5 us against the f32 kernel's 11.1, bench_cuda_matvec on the H200). Any row
@@ -83,6 +95,10 @@ enum {
     MVQ_WIDE_WORDS = 13,
     MVQ_WIDE_TILE = MVQ_WIDE_ROWS * (16 * MVQ_WIDE_WORDS + 2),
     MVQ_WIDE_MIN_ROWS = 32768,
+    /* A Q4_K weight's interleaved copy (mvq_q4w_load): tiles of 32 rows by one
+     * super-block, its 9 16-byte words word-major (word k of row i at 16 (32 k + i)):
+     * the same bytes as the rows, moved. */
+    MVQ_Q4W_TILE = MVQ_WIDE_ROWS * 144,
 };
 
 /* Shared memory of a block: codes [NT][cols], scales [NT][nsb], sums of 16 codes
@@ -309,10 +325,24 @@ __device__ __forceinline__ void mvq_q6w_load(const uint8_t *tile, int lane, mvq_
     b.d6 = __ldg((const unsigned short *)(tile + 16 * MVQ_WIDE_ROWS * MVQ_WIDE_WORDS) + lane);
 }
 
-/* Super-block sb of a row's weights into b (MVQ_Q6K_WIDE: wr its rows' first tile). */
+/* A super-block of a Q4_K weight's interleaved copy: the row's 9 words, 512 bytes
+ * apart (w its first word in the super-block's tile), so a warp's load of its rows'
+ * word k is a few runs of 16 bytes a row where the rows in place (864 bytes apart at
+ * 1,536 columns) made it 32 lines. */
+__device__ __forceinline__ void mvq_q4w_load(const uint8_t *w, mvq_sbw &b) {
+#pragma unroll
+    for (int p = 0; p < 9; p++) {
+        const uint4 v = lm_ldg_stream16((const uint4 *)w + MVQ_WIDE_ROWS * p);
+        b.w[4 * p] = v.x, b.w[4 * p + 1] = v.y, b.w[4 * p + 2] = v.z, b.w[4 * p + 3] = v.w;
+    }
+}
+
+/* Super-block sb of a row's weights into b (MVQ_Q6K_WIDE: wr its rows' first tile;
+ * MVQ_Q4K_WIDE: the row's first word in its first tile). */
 template <int T>
 __device__ __forceinline__ void mvq_load_sb(const uint8_t *wr, int sb, mvq_sbw &b, int lane) {
     if (T == LM_DTYPE_Q4_K) mvq_q4k_load(wr + (size_t)sb * 144, b);
+    else if (T == MVQ_Q4K_WIDE) mvq_q4w_load(wr + (size_t)sb * MVQ_Q4W_TILE, b);
     else if (T == MVQ_Q6K_WIDE) mvq_q6w_load(wr + (size_t)sb * MVQ_WIDE_TILE, lane, b);
     else mvq_q6k_load(wr + (size_t)sb * 210, b);
 }
@@ -329,10 +359,11 @@ __device__ __forceinline__ void mvq_rows(const uint8_t *wr, bool on, int j, int 
                                          int cols, const int8_t *q, const float *da, const int *s16, float acc[NT],
                                          mvq_sbw &nx) {
     const int group = lane & ~(L - 1); /* the row's first lane */
+    constexpr bool Q4 = T == LM_DTYPE_Q4_K || T == MVQ_Q4K_WIDE;
     for (int c0 = 0; c0 < nsb; c0 += L) {
         const int sb = c0 + j;
         mvq_sbw b; /* Q4_K: this round's bytes, nx the next round's; Q6_K: in nx */
-        if (T == LM_DTYPE_Q4_K) {
+        if (Q4) {
             b = nx;
             if (on && sb + L < nsb) mvq_load_sb<T>(wr, sb + L, nx, lane);
         } else if ((c0 > 0 || !PRE) && on && sb < nsb) {
@@ -341,7 +372,7 @@ __device__ __forceinline__ void mvq_rows(const uint8_t *wr, bool on, int j, int 
         int S[NT], M[NT];
         float d = 0.0f, dmin = 0.0f;
         if (on && sb < nsb) {
-            if (T == LM_DTYPE_Q4_K) {
+            if (Q4) {
                 mvq_q4k_sb<NT>(b, q + 256 * sb, s16 + 16 * sb, cols, nt, S, M, &d, &dmin);
             } else {
                 /* the words' shift: a Q6_K super-block in place is 2-byte aligned */
@@ -361,7 +392,7 @@ __device__ __forceinline__ void mvq_rows(const uint8_t *wr, bool on, int j, int 
                 const int Mt = __shfl_sync(0xffffffffu, M[t], group + s);
                 const float a = t < nt ? da[t * nsb + c0 + s] : 0.0f;
                 acc[t] = fmaf((float)St, __fmul_rn(ds, a), acc[t]);
-                if (T == LM_DTYPE_Q4_K) acc[t] = fmaf(-(float)Mt, __fmul_rn(dms, a), acc[t]);
+                if (Q4) acc[t] = fmaf(-(float)Mt, __fmul_rn(dms, a), acc[t]);
             }
         }
     }
@@ -418,6 +449,8 @@ __global__ void __launch_bounds__(MVQ_THREADS, 4)
         if (SWIGLU) k = r & 1, lr = r >> 1;
         else k = mv_which(set, r), lr = r - (k ? set.end[k - 1] : 0);
         if (T == MVQ_Q6K_WIDE) wr = set.W[k] + (size_t)(lr / MVQ_WIDE_ROWS) * nsb * MVQ_WIDE_TILE;
+        else if (T == MVQ_Q4K_WIDE || (T == MVQ_MIXED && set.type[k] == MVQ_Q4K_WIDE))
+            wr = set.W[k] + (size_t)(lr / MVQ_WIDE_ROWS) * nsb * MVQ_Q4W_TILE + 16 * (lr % MVQ_WIDE_ROWS);
         else wr = set.W[k] + (size_t)lr * set.row_bytes[k];
     }
     /* the first round's weights in flight before the quantization, which they do not
@@ -426,10 +459,12 @@ __global__ void __launch_bounds__(MVQ_THREADS, 4)
      * alone (the head): its 53 words live across the quantization take it from 95 to
      * 115 registers, 5 blocks an SM to 4; nor for the head's interleaved copy (85 -> 113
      * registers, no gain: the file's header). */
-    constexpr bool PRE = T == LM_DTYPE_Q4_K || T == MVQ_MIXED;
+    constexpr bool PRE = T == LM_DTYPE_Q4_K || T == MVQ_Q4K_WIDE || T == MVQ_MIXED;
     mvq_sbw nx;
     if (PRE && on && j < nsb) {
-        if (T == LM_DTYPE_Q4_K || (T == MVQ_MIXED && set.type[k] == LM_DTYPE_Q4_K))
+        if (T == MVQ_Q4K_WIDE || (T == MVQ_MIXED && set.type[k] == MVQ_Q4K_WIDE))
+            mvq_load_sb<MVQ_Q4K_WIDE>(wr, j, nx, lane);
+        else if (T == LM_DTYPE_Q4_K || (T == MVQ_MIXED && set.type[k] == LM_DTYPE_Q4_K))
             mvq_load_sb<LM_DTYPE_Q4_K>(wr, j, nx, lane);
         else
             mvq_load_sb<LM_DTYPE_Q6_K>(wr, j, nx, lane);
@@ -454,7 +489,9 @@ __global__ void __launch_bounds__(MVQ_THREADS, 4)
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = 0.0f;
     if constexpr (T == MVQ_MIXED) { /* the warp's rows are of one weight (lm_cuda_mvq_mixable) */
-        if (set.type[k] == LM_DTYPE_Q4_K)
+        if (set.type[k] == MVQ_Q4K_WIDE)
+            mvq_rows<MVQ_Q4K_WIDE, NT, PRE>(wr, on, j, lane, L, nsb, nt, cols, q, da, s16, acc, nx);
+        else if (set.type[k] == LM_DTYPE_Q4_K)
             mvq_rows<LM_DTYPE_Q4_K, NT, PRE>(wr, on, j, lane, L, nsb, nt, cols, q, da, s16, acc, nx);
         else
             mvq_rows<LM_DTYPE_Q6_K, NT, PRE>(wr, on, j, lane, L, nsb, nt, cols, q, da, s16, acc, nx);
@@ -541,12 +578,20 @@ void lm_cuda_mvq(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, const 
                  float *const *y, bool swiglu) {
     mv_set set = mv_set_of(w, n_w, y);
     const int64_t cols = w[0]->cols;
-    bool mixed = false;
+    bool mixed = false, wide = true;
     for (int k = 1; k < n_w; k++) mixed = mixed || w[k]->type != w[0]->type;
-    if (n_w == 1 && w[0]->wide) {
+    for (int k = 0; k < n_w; k++) wide = wide && w[k]->wide;
+    if (n_w == 1 && w[0]->wide && w[0]->type == LM_DTYPE_Q6_K) {
         set.W[0] = (const uint8_t *)w[0]->wide;
         mvq_launch<MVQ_Q6K_WIDE, false>(cu, set, cols, x, n);
+    } else if (wide && !mixed && w[0]->type == LM_DTYPE_Q4_K) {
+        for (int k = 0; k < n_w; k++) set.W[k] = (const uint8_t *)w[k]->wide;
+        if (swiglu) mvq_launch<MVQ_Q4K_WIDE, true>(cu, set, cols, x, n);
+        else mvq_launch<MVQ_Q4K_WIDE, false>(cu, set, cols, x, n);
     } else if (mixed && !swiglu) {
+        for (int k = 0; k < n_w; k++)
+            if (w[k]->type == LM_DTYPE_Q4_K && w[k]->wide)
+                set.W[k] = (const uint8_t *)w[k]->wide, set.type[k] = MVQ_Q4K_WIDE;
         mvq_launch<MVQ_MIXED, false>(cu, set, cols, x, n);
     } else if (w[0]->type == LM_DTYPE_Q4_K) {
         if (swiglu) mvq_launch<LM_DTYPE_Q4_K, true>(cu, set, cols, x, n);
@@ -560,12 +605,14 @@ void lm_cuda_mvq(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, const 
 /* ---- the interleaved copy of a Q6_K head ---------------------------------------- */
 
 bool lm_cuda_mvq_wide_wanted(const lm_cuda_backend *cu, const lm_weight *w) {
-    return cu->mvq_wide && w->type == LM_DTYPE_Q6_K && lm_cuda_mvq_supports(cu, w) && w->rows >= MVQ_WIDE_MIN_ROWS &&
-           w->rows % MVQ_WIDE_ROWS == 0;
+    if (!lm_cuda_mvq_supports(cu, w) || w->rows % MVQ_WIDE_ROWS != 0) return false;
+    if (w->type == LM_DTYPE_Q4_K) return cu->mvq_q4w;
+    return cu->mvq_wide && w->rows >= MVQ_WIDE_MIN_ROWS;
 }
 
 size_t lm_cuda_mvq_wide_bytes(const lm_weight *w) {
-    return (size_t)(w->rows / MVQ_WIDE_ROWS) * (size_t)(w->cols / 256) * MVQ_WIDE_TILE;
+    return (size_t)(w->rows / MVQ_WIDE_ROWS) * (size_t)(w->cols / 256) *
+           (w->type == LM_DTYPE_Q4_K ? MVQ_Q4W_TILE : MVQ_WIDE_TILE);
 }
 
 /* a thread a (row, super-block): its 210 bytes (2-byte aligned) to the tile */
@@ -585,11 +632,29 @@ __global__ void mvq_wide_fill_kernel(const uint8_t *__restrict__ src, size_t row
     ((unsigned short *)(tile + 16 * MVQ_WIDE_ROWS * MVQ_WIDE_WORDS))[i] = h[104];
 }
 
+/* a thread a (row, super-block) of a Q4_K weight: its 9 words (16-byte aligned) to
+ * the tile */
+__global__ void mvq_q4w_fill_kernel(const uint8_t *__restrict__ src, size_t row_bytes, int64_t rows, int nsb,
+                                    uint8_t *__restrict__ dst) {
+    const int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= rows * nsb) return;
+    const int64_t r = e / nsb;
+    const int sb = (int)(e % nsb), i = (int)(r % MVQ_WIDE_ROWS);
+    const uint4 *from = (const uint4 *)(src + (size_t)r * row_bytes + (size_t)sb * 144);
+    uint4 *tile = (uint4 *)(dst + ((size_t)(r / MVQ_WIDE_ROWS) * nsb + sb) * MVQ_Q4W_TILE);
+    for (int k = 0; k < 9; k++) tile[MVQ_WIDE_ROWS * k + i] = from[k];
+}
+
 bool lm_cuda_mvq_wide_fill(lm_cuda_backend *cu, const lm_weight *w, void *dst) {
     if (!dst) return false;
     const int64_t items = w->rows * (w->cols / 256);
-    mvq_wide_fill_kernel<<<(unsigned)((items + 255) / 256), 256, 0, cu->stream>>>(
-        (const uint8_t *)w->data, w->row_bytes, w->rows, (int)(w->cols / 256), (uint8_t *)dst);
+    if (w->type == LM_DTYPE_Q4_K && ((uintptr_t)w->data & 15) != 0) return false; /* its words unaligned */
+    if (w->type == LM_DTYPE_Q4_K)
+        mvq_q4w_fill_kernel<<<(unsigned)((items + 255) / 256), 256, 0, cu->stream>>>(
+            (const uint8_t *)w->data, w->row_bytes, w->rows, (int)(w->cols / 256), (uint8_t *)dst);
+    else
+        mvq_wide_fill_kernel<<<(unsigned)((items + 255) / 256), 256, 0, cu->stream>>>(
+            (const uint8_t *)w->data, w->row_bytes, w->rows, (int)(w->cols / 256), (uint8_t *)dst);
     if (cudaGetLastError() == cudaSuccess && cudaStreamSynchronize(cu->stream) == cudaSuccess) return true;
     cudaGetLastError();
     return false;
