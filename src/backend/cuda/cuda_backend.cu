@@ -506,11 +506,14 @@ static lm_status cuda_weight_create(lm_backend *b, const lm_tensor *t, lm_weight
         free(w);
         return st;
     }
-    /* a Q6_K head's or a Q4_K weight's rows again, interleaved for the 8-bit product;
-     * without the memory for it the product reads the rows in place */
-    if (lm_cuda_mvq_wide_wanted(cu, w)) {
-        void *p = weight_alloc(cu, lm_cuda_mvq_wide_bytes(w));
-        if (p && lm_cuda_mvq_wide_fill(cu, w, p)) w->wide = p;
+    /* a Q6_K head's or a Q4_K weight's rows again, interleaved for the 8-bit product,
+     * within the budget of copies beside the weights (which the bf16 copies share, so
+     * a memory limit, which sets it to 0, holds); without it the product reads the rows
+     * in place */
+    const size_t wide_bytes = lm_cuda_mvq_wide_wanted(cu, w) ? lm_cuda_mvq_wide_bytes(w) : 0;
+    if (wide_bytes && cu->bf16_used + wide_bytes <= cu->bf16_budget) {
+        void *p = weight_alloc(cu, wide_bytes);
+        if (p && lm_cuda_mvq_wide_fill(cu, w, p)) w->wide = p, cu->bf16_used += wide_bytes;
         else cudaFree(p);
     }
     *out = w;
@@ -524,6 +527,7 @@ static void cuda_weight_free(lm_backend *b, lm_weight *w) {
     /* kernels queued on the weight must finish before its memory goes */
     cudaStreamSynchronize(cu->stream);
     cudaFree(w->alloc);
+    if (w->wide) cu->bf16_used -= lm_cuda_mvq_wide_bytes(w);
     cudaFree(w->wide);
     if (w->bf16_bytes) {
         cudaFree((void *)w->bf16);
@@ -744,7 +748,8 @@ extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
      * tile at a time in every product (cuda_matmul.cu, copy_decide; Q4_K_M at 64
      * sequences: 17.6k -> 30.0k tokens/s), up to a quarter of the device's memory
      * (35 GB of an H200: the copies of a 17B-parameter model), so a context made later
-     * still finds room; LUMEN_CUDA_BF16_COPY=MiB sets the budget, 0: none */
+     * still finds room; LUMEN_CUDA_BF16_COPY=MiB sets the budget, 0: none. The 8-bit
+     * kernel's interleaved copies (w->wide, made at load) count against it too */
     const char *bc = getenv("LUMEN_CUDA_BF16_COPY");
     cu->bf16_budget = bc && bc[0] ? (atoll(bc) > 0 ? (size_t)atoll(bc) << 20 : 0) : cu->total_mem / 4;
     const char *stage = getenv("LUMEN_CUDA_MV_STAGE"); /* 0: quantized rows read in place */

@@ -121,7 +121,7 @@ typedef struct lm_cuda_backend {
     char name[256];
     size_t total_mem;
     uint64_t peak_used; /* most device memory in use seen after an allocation */
-    size_t bf16_budget, bf16_used; /* weights' bf16 copies (lm_weight.bf16): allowed, made */
+    size_t bf16_budget, bf16_used; /* copies beside the weights (lm_weight.bf16, .wide): allowed, made */
     cudaStream_t stream;
     cublasHandle_t cublas;
     cublasLtHandle_t cublaslt; /* NULL: the products go through cublasGemmEx only */
