@@ -615,15 +615,22 @@ size_t lm_cuda_mvq_wide_bytes(const lm_weight *w) {
            (w->type == LM_DTYPE_Q4_K ? MVQ_Q4W_TILE : MVQ_WIDE_TILE);
 }
 
-/* a thread a (row, super-block): its 210 bytes (2-byte aligned) to the tile */
+/* a thread a (row, super-block) to the tile: Q4K, a Q4_K super-block's 9 words
+ * (16-byte aligned); else a Q6_K one's 210 bytes (2-byte aligned) as 13 words and d */
+template <bool Q4K>
 __global__ void mvq_wide_fill_kernel(const uint8_t *__restrict__ src, size_t row_bytes, int64_t rows, int nsb,
                                      uint8_t *__restrict__ dst) {
     const int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= rows * nsb) return;
     const int64_t r = e / nsb;
     const int sb = (int)(e % nsb), i = (int)(r % MVQ_WIDE_ROWS);
-    const unsigned short *h = (const unsigned short *)(src + (size_t)r * row_bytes + (size_t)sb * 210);
-    uint8_t *tile = dst + ((size_t)(r / MVQ_WIDE_ROWS) * nsb + sb) * MVQ_WIDE_TILE;
+    const uint8_t *from = src + (size_t)r * row_bytes + (size_t)sb * (Q4K ? 144 : 210);
+    uint8_t *tile = dst + ((size_t)(r / MVQ_WIDE_ROWS) * nsb + sb) * (Q4K ? MVQ_Q4W_TILE : MVQ_WIDE_TILE);
+    if constexpr (Q4K) {
+        for (int k = 0; k < 9; k++) ((uint4 *)tile)[MVQ_WIDE_ROWS * k + i] = ((const uint4 *)from)[k];
+        return;
+    }
+    const unsigned short *h = (const unsigned short *)from;
     for (int k = 0; k < MVQ_WIDE_WORDS; k++) {
         uint32_t v[4];
         for (int m = 0; m < 4; m++) v[m] = (uint32_t)h[8 * k + 2 * m] | (uint32_t)h[8 * k + 2 * m + 1] << 16;
@@ -632,29 +639,13 @@ __global__ void mvq_wide_fill_kernel(const uint8_t *__restrict__ src, size_t row
     ((unsigned short *)(tile + 16 * MVQ_WIDE_ROWS * MVQ_WIDE_WORDS))[i] = h[104];
 }
 
-/* a thread a (row, super-block) of a Q4_K weight: its 9 words (16-byte aligned) to
- * the tile */
-__global__ void mvq_q4w_fill_kernel(const uint8_t *__restrict__ src, size_t row_bytes, int64_t rows, int nsb,
-                                    uint8_t *__restrict__ dst) {
-    const int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (e >= rows * nsb) return;
-    const int64_t r = e / nsb;
-    const int sb = (int)(e % nsb), i = (int)(r % MVQ_WIDE_ROWS);
-    const uint4 *from = (const uint4 *)(src + (size_t)r * row_bytes + (size_t)sb * 144);
-    uint4 *tile = (uint4 *)(dst + ((size_t)(r / MVQ_WIDE_ROWS) * nsb + sb) * MVQ_Q4W_TILE);
-    for (int k = 0; k < 9; k++) tile[MVQ_WIDE_ROWS * k + i] = from[k];
-}
-
 bool lm_cuda_mvq_wide_fill(lm_cuda_backend *cu, const lm_weight *w, void *dst) {
-    if (!dst) return false;
+    const bool q4k = w->type == LM_DTYPE_Q4_K;
+    if (!dst || (q4k && ((uintptr_t)w->data & 15) != 0)) return false; /* a Q4_K weight's words unaligned */
     const int64_t items = w->rows * (w->cols / 256);
-    if (w->type == LM_DTYPE_Q4_K && ((uintptr_t)w->data & 15) != 0) return false; /* its words unaligned */
-    if (w->type == LM_DTYPE_Q4_K)
-        mvq_q4w_fill_kernel<<<(unsigned)((items + 255) / 256), 256, 0, cu->stream>>>(
-            (const uint8_t *)w->data, w->row_bytes, w->rows, (int)(w->cols / 256), (uint8_t *)dst);
-    else
-        mvq_wide_fill_kernel<<<(unsigned)((items + 255) / 256), 256, 0, cu->stream>>>(
-            (const uint8_t *)w->data, w->row_bytes, w->rows, (int)(w->cols / 256), (uint8_t *)dst);
+    (q4k ? mvq_wide_fill_kernel<true> : mvq_wide_fill_kernel<false>)<<<(unsigned)((items + 255) / 256), 256, 0,
+                                                                        cu->stream>>>(
+        (const uint8_t *)w->data, w->row_bytes, w->rows, (int)(w->cols / 256), (uint8_t *)dst);
     if (cudaGetLastError() == cudaSuccess && cudaStreamSynchronize(cu->stream) == cudaSuccess) return true;
     cudaGetLastError();
     return false;
