@@ -602,7 +602,7 @@ void lm_cuda_mvq(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, const 
     }
 }
 
-/* ---- the interleaved copy of a Q6_K head ---------------------------------------- */
+/* ---- the interleaved copies (a Q6_K head, Q4_K weights) -------------------------- */
 
 bool lm_cuda_mvq_wide_wanted(const lm_cuda_backend *cu, const lm_weight *w) {
     if (!lm_cuda_mvq_supports(cu, w) || w->rows % MVQ_WIDE_ROWS != 0) return false;
