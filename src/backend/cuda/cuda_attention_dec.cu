@@ -276,7 +276,7 @@ __device__ void dec_finish(const qf_args &f, float c, float s, int t, int hk, in
             }
         } else {
             int e0, e1;
-        dec_pair_elems(which, j, i0, i1, &e0, &e1);
+            dec_pair_elems(which, j, i0, i1, &e0, &e1);
             const int64_t i = (int64_t)t * kv_dim + hk * HD, cc = slot * kv_dim + hk * HD;
             float *dst = which ? f.v : f.k;
             __half *cache = (__half *)(which ? f.V : f.K);
