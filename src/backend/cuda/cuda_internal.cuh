@@ -352,8 +352,9 @@ __device__ __forceinline__ uint64_t lm_cuda_clock_ns(void) {
  * to the driver, the 8-bit products of a few tokens (cuda_matmul_q8.cu, whose blocks
  * hold 2-3 KB, and cuda_matmul_q8h.cu, 0 or 42 KB) ran at different splits, so a Q6_K
  * down product's blocks waited for the gate/up product's SMs to drain. Those kernels
- * prefer LM_CUDA_CARVEOUT percent of the most shared memory (lm_cuda_launch_carved);
- * every other kernel keeps the driver's split. H200, 1.5B-shaped (nineteenth session,
+ * prefer LM_CUDA_CARVEOUT percent of the most shared memory (lm_cuda_launch_carved),
+ * as do the 16-bit one-token Q/K/V and O products (cuda_matmul.cu, launch_mv); every
+ * other kernel keeps the driver's split. H200, 1.5B-shaped (nineteenth session,
  * side by side in one call each): Q4_K_M batch 1 1,012-1,028 -> 1,037-1,053 tokens/s
  * (another call: 1,001-1,002 -> 1,032-1,041), 256 sequences unchanged (bf16
  * 80,310-80,337 vs 80,637-80,754, Q4_K_M 48,412-48,596 vs 48,403-49,032); the first

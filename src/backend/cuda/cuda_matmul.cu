@@ -342,13 +342,20 @@ static int mv_warps_per_row(int64_t n_chunks, int64_t rows) {
 
 typedef void (*mv_fn)(const mv_set, int, int, const float *, int, int, int);
 
-/* mv_kernel for nt tokens a block. 16-bit rows of exactly 3-8 chunks a lane at one
- * token take its CPL form, the weight words all requested up front (H200, 1.5B bf16,
- * batch 1: 671-684 vs 653-663 tokens/s with the loop, same build, alternating). */
+/* Whether mv_kernel_of takes its CPL form: 16-bit rows of exactly 3, 4, 6 or 8
+ * chunks a lane at one token. */
+static bool mv_cpl_form(int T, int nt, int per_lane) {
+    return (T == LM_DTYPE_BF16 || T == LM_DTYPE_F16) && nt == 1 &&
+           (per_lane == 3 || per_lane == 4 || per_lane == 6 || per_lane == 8);
+}
+
+/* mv_kernel for nt tokens a block. The CPL form (mv_cpl_form) has the weight words
+ * all requested up front (H200, 1.5B bf16, batch 1: 671-684 vs 653-663 tokens/s with
+ * the loop, same build, alternating). */
 template <int T, bool SWIGLU>
 static mv_fn mv_kernel_of(int nt, int per_lane, bool stage) {
     if constexpr (T == LM_DTYPE_BF16 || T == LM_DTYPE_F16) {
-        if (nt == 1) switch (per_lane) {
+        if (mv_cpl_form(T, nt, per_lane)) switch (per_lane) {
             case 3: return mv_kernel<T, 1, SWIGLU, 3>;
             case 4: return mv_kernel<T, 1, SWIGLU, 4>;
             case 6: return mv_kernel<T, 1, SWIGLU, 6>;
@@ -388,8 +395,18 @@ static void launch_mv(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, c
         int nn = (int)(n - t0 < max_per_launch ? n - t0 : max_per_launch);
         int nt = nn == 1 ? 1 : nn == 2 ? 2 : nn <= 4 ? 4 : 8;
         dim3 grid((unsigned)((rows_all + rpb - 1) / rpb), (unsigned)((nn + nt - 1) / nt));
+        /* The CPL form's products of few rows (a 1.5B model's Q/K/V and O; not gate/up,
+         * not the head) at the backend's split (cuda_internal.cuh, LM_CUDA_CARVEOUT),
+         * not the driver's. H100, 1.5B-shaped bf16, batch 1, one call, two rounds
+         * (twenty-seventh session): 680.0-681.4 -> 688.6-689.2 tokens/s, the same at
+         * 25, 50 or 100 %; with the decode attention at 50 as well, 683.6-683.8. The
+         * attention's block still reaches its wait after the Q/K/V product has left
+         * (0.02 us in it), so the gain is not its early start; where it comes from is
+         * not established. The others keep the driver's: every 16-bit one-token
+         * product at 50 lost (nineteenth session, 790 -> 775-778). */
+        const bool carved = !SWIGLU && mv_cpl_form(T, nt, per_lane) && rows_all <= 4096;
         /* the kernel indexes tokens from t_base, so x and y need no offset per weight */
-        lm_cuda_launch_smem(cu, mv_kernel_of<T, SWIGLU>(nt, per_lane, stage), grid, dim3(MV_THREADS),
+        lm_cuda_launch_with(cu, carved, mv_kernel_of<T, SWIGLU>(nt, per_lane, stage), grid, dim3(MV_THREADS),
                             stage ? stage_bytes : 0, set, n_chunks, cols, x + t0 * cols, nn, (int)t0, wpr);
         if (!lm_cuda_launched(cu, "mv_kernel")) return;
     }
