@@ -71,12 +71,20 @@ enum { DEC_MAX_GROUP = 16, DEC_SPLIT_KB = 16 };
 /* A warp's stage (dec_stage_block): one KV block's 16 key rows, then its 16 value
  * rows, of HD + 8 halves each in the kernel's dynamic shared memory, so the 8 rows an
  * ldmatrix reads fall in different banks. It holds the warp's first block (every
- * block in turn in the 8-warp kernel: STAGE_ALL). */
+ * block in turn in the 8-warp kernel: STAGE_ALL), then the warp's output state for
+ * the merge of the warps (rows of HD + 1 floats). */
 template <int HD>
 __host__ __device__ constexpr int dec_stage_row() { return HD + 8; }
 template <int HD>
 __host__ __device__ constexpr size_t dec_stage_warp_bytes() {
     return (size_t)2 * TC_ROWS * dec_stage_row<HD>() * sizeof(__half);
+}
+
+/* Row r of warp w's output state in its stage (stages: the kernel's dynamic shared
+ * memory) */
+template <int HD>
+__device__ __forceinline__ const float *dec_state_row(const uint4 *stages, int w, int r) {
+    return (const float *)((const uint8_t *)stages + w * dec_stage_warp_bytes<HD>()) + r * (HD + 1);
 }
 
 /* A KV block's keys and values requested into the warp's stage: 16-byte copies, 16
@@ -307,7 +315,10 @@ __global__ void __launch_bounds__(32 * WARPS)
     __shared__ uint64_t stamp[DEC_PROF_PHASES + 1];
     const bool profiled = prof && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0;
     if (profiled) stamp[0] = lm_cuda_clock_ns();
-    __shared__ float o_sh[WARPS][MAXG][HD + 1]; /* +1: rows fall in other banks */
+    /* a warp's output state (MAXG rows of HD + 1 floats, +1: rows fall in other banks)
+     * goes into its own stage once its last block is in registers: ~33 KB less shared
+     * memory a block at head size 128 (~75 KB in the 8-warp block instead of ~107) */
+    static_assert(MAXG * (HD + 1) * sizeof(float) <= dec_stage_warp_bytes<HD>(), "a warp's state fits its stage");
     __shared__ float ml_sh[WARPS][MAXG][2];
     __shared__ float q_fin[FIN ? MAXG : 1][HD];
     __shared__ int last_sh;
@@ -409,6 +420,8 @@ __global__ void __launch_bounds__(32 * WARPS)
     /* each warp's state, then the warps merged in warp order (a warp without blocks:
      * max -inf, weight 0): the output, or with several splits this split's state
      * (max, sum, unnormalized output) for merge_if_last */
+    float(*const o_w)[HD + 1] = (float(*)[HD + 1])stage;
+    __syncwarp(); /* every lane past its last ldmatrix of the stage */
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         const int r = g + 8 * i;
@@ -416,8 +429,8 @@ __global__ void __launch_bounds__(32 * WARPS)
         if (c2 == 0) ml_sh[warp][r][0] = m[i], ml_sh[warp][r][1] = l[i];
 #pragma unroll
         for (int j = 0; j < HD / 8; j++) {
-            o_sh[warp][r][j * 8 + c2] = o[j][2 * i];
-            o_sh[warp][r][j * 8 + c2 + 1] = o[j][2 * i + 1];
+            o_w[r][j * 8 + c2] = o[j][2 * i];
+            o_w[r][j * 8 + c2 + 1] = o[j][2 * i + 1];
         }
     }
     __syncthreads();
@@ -432,7 +445,7 @@ __global__ void __launch_bounds__(32 * WARPS)
         float M = -INFINITY;
 #pragma unroll
         for (int w = 0; w < WARPS; w++) {
-            mw[w] = ml_sh[w][r][0], lw[w] = ml_sh[w][r][1], ow[w] = o_sh[w][r][d];
+            mw[w] = ml_sh[w][r][0], lw[w] = ml_sh[w][r][1], ow[w] = dec_state_row<HD>(dec_stage_words, w, r)[d];
             M = fmaxf(M, mw[w]);
         }
 #pragma unroll
@@ -462,8 +475,8 @@ __global__ void __launch_bounds__(32 * WARPS)
                                           max_splits, &last_sh);
 }
 
-/* The kernel's dynamic shared memory (its warps' stages) allowed, with its static
- * shared memory past 48 KB at head size 128, once a backend for each form
+/* The kernel's dynamic shared memory (its warps' stages, past 48 KB in the 8-warp
+ * kernel at head size 128) allowed once a backend for each form
  * (cu->attn_dec_smem: a bit a form; the attribute is the function's, on the
  * backend's device). An error is recorded when it is refused. */
 template <int HD, int WARPS, int MAXG, bool FIN>
