@@ -397,7 +397,7 @@ static void launch_mv(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, c
         dim3 grid((unsigned)((rows_all + rpb - 1) / rpb), (unsigned)((nn + nt - 1) / nt));
         /* The CPL form's products of few rows (a 1.5B model's Q/K/V and O; not gate/up,
          * not the head) at the backend's split (cuda_internal.cuh, LM_CUDA_CARVEOUT),
-         * not the driver's. H100, 1.5B-shaped bf16, batch 1, one call, two rounds
+         * not the driver's. H100, 1.5B-shaped bf16, batch 1, two calls on one machine
          * (twenty-seventh session): 680.0-681.4 -> 688.6-689.2 tokens/s, the same at
          * 25, 50 or 100 %; with the decode attention at 50 as well, 683.6-683.8. The
          * attention's block still reaches its wait after the Q/K/V product has left
