@@ -330,6 +330,10 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MIN_BLOCKS)
     }
 }
 
+/* Products of few rows: a model's attention projections (Q/K/V, O), not its FFN or
+ * head (mv_warps_per_row, launch_mv's split) */
+enum { MV_FEW_ROWS = 4096 };
+
 /* warps per row: more for long rows, so every lane has a few chunks to stream, and
  * two for short rows of products with few rows (bf16 Q/K/V and O of a 1.5B model:
  * 1,536 columns are 6 chunks a lane at one warp a row, two serial rounds of the
@@ -337,7 +341,7 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MIN_BLOCKS)
  * A function of the weight's shape only, never of the batch. */
 static int mv_warps_per_row(int64_t n_chunks, int64_t rows) {
     if (n_chunks >= 1024) return 4;
-    return n_chunks >= 512 || (rows <= 4096 && n_chunks >= 64) ? 2 : 1;
+    return n_chunks >= 512 || (rows <= MV_FEW_ROWS && n_chunks >= 64) ? 2 : 1;
 }
 
 typedef void (*mv_fn)(const mv_set, int, int, const float *, int, int, int);
@@ -404,7 +408,7 @@ static void launch_mv(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, c
          * (0.02 us in it), so the gain is not its early start; where it comes from is
          * not established. The others keep the driver's: every 16-bit one-token
          * product at 50 lost (nineteenth session, 790 -> 775-778). */
-        const bool carved = !SWIGLU && mv_cpl_form(T, nt, per_lane) && rows_all <= 4096;
+        const bool carved = !SWIGLU && mv_cpl_form(T, nt, per_lane) && rows_all <= MV_FEW_ROWS;
         /* the kernel indexes tokens from t_base, so x and y need no offset per weight */
         lm_cuda_launch_with(cu, carved, mv_kernel_of<T, SWIGLU>(nt, per_lane, stage), grid, dim3(MV_THREADS),
                             stage ? stage_bytes : 0, set, n_chunks, cols, x + t0 * cols, nn, (int)t0, wpr);
