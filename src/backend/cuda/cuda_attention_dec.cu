@@ -83,8 +83,8 @@ __host__ __device__ constexpr size_t dec_stage_warp_bytes() {
 /* Row r of warp w's output state in its stage (stages: the kernel's dynamic shared
  * memory) */
 template <int HD>
-__device__ __forceinline__ const float *dec_state_row(const uint4 *stages, int w, int r) {
-    return (const float *)((const uint8_t *)stages + w * dec_stage_warp_bytes<HD>()) + r * (HD + 1);
+__device__ __forceinline__ float *dec_state_row(uint4 *stages, int w, int r) {
+    return (float *)((uint8_t *)stages + w * dec_stage_warp_bytes<HD>()) + r * (HD + 1);
 }
 
 /* A KV block's keys and values requested into the warp's stage: 16-byte copies, 16
@@ -420,18 +420,15 @@ __global__ void __launch_bounds__(32 * WARPS)
     /* each warp's state, then the warps merged in warp order (a warp without blocks:
      * max -inf, weight 0): the output, or with several splits this split's state
      * (max, sum, unnormalized output) for merge_if_last */
-    float(*const o_w)[HD + 1] = (float(*)[HD + 1])stage;
     __syncwarp(); /* every lane past its last ldmatrix of the stage */
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         const int r = g + 8 * i;
         if (r >= group) continue;
         if (c2 == 0) ml_sh[warp][r][0] = m[i], ml_sh[warp][r][1] = l[i];
+        float *const orow = dec_state_row<HD>(dec_stage_words, warp, r);
 #pragma unroll
-        for (int j = 0; j < HD / 8; j++) {
-            o_w[r][j * 8 + c2] = o[j][2 * i];
-            o_w[r][j * 8 + c2 + 1] = o[j][2 * i + 1];
-        }
+        for (int j = 0; j < HD / 8; j++) orow[j * 8 + c2] = o[j][2 * i], orow[j * 8 + c2 + 1] = o[j][2 * i + 1];
     }
     __syncthreads();
     if (profiled) stamp[4] = lm_cuda_clock_ns();
