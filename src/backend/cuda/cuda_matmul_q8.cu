@@ -354,7 +354,7 @@ __device__ __forceinline__ void mvq_load_sb(const uint8_t *wr, int sb, mvq_sbw &
  * round's loads in flight before their sums (two rounds' bytes, 36 registers more);
  * Q6_K's 53 words twice would not fit the launch bound's 128 registers (46-130 bytes
  * of spills), so each round loads its own. */
-template <int T, int NT, bool PRE>
+template <int T, int NT, bool PRE, int LC>
 __device__ __forceinline__ void mvq_rows(const uint8_t *wr, bool on, int j, int lane, int L, int nsb, int nt,
                                          int cols, const int8_t *q, const float *da, const int *s16, float acc[NT],
                                          mvq_sbw &nx) {
@@ -384,13 +384,15 @@ __device__ __forceinline__ void mvq_rows(const uint8_t *wr, bool on, int j, int 
             for (int t = 0; t < NT; t++) S[t] = 0, M[t] = 0;
         }
         /* the round's super-blocks in order: lane group + s holds c0 + s */
-        for (int s = 0; s < L && c0 + s < nsb; s++) {
+#pragma unroll
+        for (int s = 0; s < LC; s++) {
+            if (s >= L || c0 + s >= nsb) break;
             const float ds = __shfl_sync(0xffffffffu, d, group + s), dms = __shfl_sync(0xffffffffu, dmin, group + s);
 #pragma unroll
             for (int t = 0; t < NT; t++) {
                 const int St = __shfl_sync(0xffffffffu, S[t], group + s);
                 const int Mt = __shfl_sync(0xffffffffu, M[t], group + s);
-                const float a = t < nt ? da[t * nsb + c0 + s] : 0.0f;
+                const float a = NT == 1 || t < nt ? da[t * nsb + c0 + s] : 0.0f;
                 acc[t] = fmaf((float)St, __fmul_rn(ds, a), acc[t]);
                 if (Q4) acc[t] = fmaf(-(float)Mt, __fmul_rn(dms, a), acc[t]);
             }
@@ -430,10 +432,14 @@ __device__ __forceinline__ void mvq_hand_off(const mv_q8h &h8, const float (*hs)
  * bound (4 blocks an SM, 128 registers) lets ptxas schedule the weight loads earlier,
  * as for mv_kernel (cuda_matmul.cu, MV_MIN_BLOCKS): 64-96 -> 78-117 registers, Q4_K_M
  * batch 1 on the H200 689 -> 695-698 tokens/s. */
-template <int T, int NT, bool SWIGLU>
+template <int T, int NT, bool SWIGLU, int LK = 0>
 __global__ void __launch_bounds__(MVQ_THREADS, 4)
-    mvq_kernel(const __grid_constant__ mv_set set, int cols, const float *__restrict__ x, int n, int L, mv_q8h h8) {
+    mvq_kernel(const __grid_constant__ mv_set set, int cols, const float *__restrict__ x, int n, int L_arg, mv_q8h h8) {
     extern __shared__ __align__(16) uint8_t mvq_smem[];
+    /* LK: the lanes a row known when compiled, so a round's sum over them unrolls
+     * (mvq_launch_known); 0: L_arg, the loop bounded by MVQ_MAX_LANES */
+    const int L = LK ? LK : L_arg;
+    constexpr int LC = LK ? LK : MVQ_MAX_LANES;
     const int nsb = cols / 256, lane = threadIdx.x & 31, j = lane & (L - 1);
     const int t0 = blockIdx.y * NT, nt = min(NT, n - t0);
     const int rows_all = set.end[set.n_w - 1], r = blockIdx.x * (MVQ_THREADS / L) + (int)threadIdx.x / L;
@@ -490,13 +496,13 @@ __global__ void __launch_bounds__(MVQ_THREADS, 4)
     for (int t = 0; t < NT; t++) acc[t] = 0.0f;
     if constexpr (T == MVQ_MIXED) { /* the warp's rows are of one weight (lm_cuda_mvq_mixable) */
         if (set.type[k] == MVQ_Q4K_WIDE)
-            mvq_rows<MVQ_Q4K_WIDE, NT, PRE>(wr, on, j, lane, L, nsb, nt, cols, q, da, s16, acc, nx);
+            mvq_rows<MVQ_Q4K_WIDE, NT, PRE, LC>(wr, on, j, lane, L, nsb, nt, cols, q, da, s16, acc, nx);
         else if (set.type[k] == LM_DTYPE_Q4_K)
-            mvq_rows<LM_DTYPE_Q4_K, NT, PRE>(wr, on, j, lane, L, nsb, nt, cols, q, da, s16, acc, nx);
+            mvq_rows<LM_DTYPE_Q4_K, NT, PRE, LC>(wr, on, j, lane, L, nsb, nt, cols, q, da, s16, acc, nx);
         else
-            mvq_rows<LM_DTYPE_Q6_K, NT, PRE>(wr, on, j, lane, L, nsb, nt, cols, q, da, s16, acc, nx);
+            mvq_rows<LM_DTYPE_Q6_K, NT, PRE, LC>(wr, on, j, lane, L, nsb, nt, cols, q, da, s16, acc, nx);
     } else {
-        mvq_rows<T, NT, PRE>(wr, on, j, lane, L, nsb, nt, cols, q, da, s16, acc, nx);
+        mvq_rows<T, NT, PRE, LC>(wr, on, j, lane, L, nsb, nt, cols, q, da, s16, acc, nx);
     }
     if constexpr (SWIGLU) { /* the up row's result from the next row's lanes */
         __shared__ float hs[NT][MVQ_THREADS / 2]; /* the block's h by token, for the hand-off */
@@ -531,6 +537,32 @@ static int mvq_lanes_per_row(int64_t rows_all, int n_sm) {
     return L;
 }
 
+/* One token's product at lanes a row known when compiled, where such a kernel exists:
+ * gate/up's 2 and Q/K/V's and O's 8 (Qwen2.5-1.5B's shapes on 132 SMs); false sends
+ * the launch to the kernel bounded at run time. Why: with L a constant the round's sum
+ * over a row's lanes unrolls (gate/up's round loop 560 -> 367 SASS instructions, 56 ->
+ * 8 shuffles); Q4_K_M batch 1 on an H100 1,073-1,074 -> 1,098 tokens/s (thirtieth
+ * session). Other L stay on the general kernel, to keep the build's kernel count. */
+template <int T, bool SWIGLU>
+static bool mvq_launch_known(lm_cuda_backend *cu, dim3 grid, size_t smem, const mv_set &s, int cols, const float *x,
+                             int n, int L, const mv_q8h &h8) {
+    if constexpr (T == MVQ_Q6K_WIDE) {
+        return false;
+    } else {
+        if (L == 2) {
+            lm_cuda_launch_carved(cu, mvq_kernel<T, 1, SWIGLU, 2>, grid, MVQ_THREADS, smem, s, cols, x, n, L, h8);
+            return true;
+        }
+        if constexpr (!SWIGLU) {
+            if (L == 8) {
+                lm_cuda_launch_carved(cu, mvq_kernel<T, 1, SWIGLU, 8>, grid, MVQ_THREADS, smem, s, cols, x, n, L, h8);
+                return true;
+            }
+        }
+        return false;
+    }
+}
+
 template <int T, bool SWIGLU>
 static void mvq_launch(lm_cuda_backend *cu, const mv_set &set, int64_t cols, const float *x, int64_t n) {
     /* the interleaved copy: a lane a row, its warp's 32 rows one tile */
@@ -554,6 +586,7 @@ static void mvq_launch(lm_cuda_backend *cu, const mv_set &set, int64_t cols, con
         const float *xs = x + g0 * cols;
         switch (nt) {
         case 1:
+            if (mvq_launch_known<T, SWIGLU>(cu, grid, smem, s, (int)cols, xs, nn, L, hg)) break;
             lm_cuda_launch_carved(cu, mvq_kernel<T, 1, SWIGLU>, grid, MVQ_THREADS, smem, s, (int)cols, xs, nn, L, hg);
             break;
         case 2:
