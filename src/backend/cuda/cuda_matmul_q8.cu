@@ -546,7 +546,7 @@ static int mvq_lanes_per_row(int64_t rows_all, int n_sm) {
 template <int T, bool SWIGLU>
 static bool mvq_launch_known(lm_cuda_backend *cu, dim3 grid, size_t smem, const mv_set &s, int cols, const float *x,
                              int n, int L, const mv_q8h &h8) {
-    if constexpr (T == MVQ_Q6K_WIDE) {
+    if constexpr (T == MVQ_Q6K_WIDE) { /* always a lane a row (mvq_launch): no kernel of 2 or 8 to build */
         return false;
     } else {
         if (L == 2) {
