@@ -21,6 +21,12 @@ __global__ void __launch_bounds__(NORM_THREADS)
      * runs each: Q4_K_M 1,060-1,075 -> 1,084-1,094 tokens/s, bf16 812-818 -> 820-826 */
     float wv[LM_CUDA_NORM_CACHE];
     lm_cuda_norm_weights<NORM_THREADS>(w, d, wv);
+    /* The next kernel let in after the wait, not before: letting the product after the
+     * norm in first (its blocks then arrive under the kernel before the norm) measured
+     * slower, H100, 1.5B-shaped, batch 1, one call, two runs each (thirty-first
+     * session, branch norm-lif): Q4_K_M 1,096-1,101 -> 1,011-1,012 tokens/s (the 8-bit
+     * products' weight requests before their wait then come in under the down
+     * product), bf16 691-692 -> 681-682. */
     lm_pdl_enter();
     __shared__ double part[NORM_WARPS];
     const int64_t r = (int64_t)blockIdx.x * d;
