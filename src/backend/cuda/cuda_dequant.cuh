@@ -30,6 +30,16 @@ __device__ __forceinline__ uint4 lm_ld_weights16(const void *p) {
     return u;
 }
 
+/* lm_ld_weights16 that stays where it is written (volatile): the compiler may
+ * otherwise sink it past a PDL wait (an asm with a memory clobber) it was put before */
+__device__ __forceinline__ uint4 lm_ld_weights16_early(const void *p) {
+    uint4 u;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
+                 : "l"(p));
+    return u;
+}
+
 __device__ __forceinline__ uint32_t lm_ld_u16(const uint8_t *p) { return *(const unsigned short *)p; }
 
 /* 8 bytes from a 2-byte aligned address, as two little-endian words */

@@ -246,6 +246,25 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MIN_BLOCKS)
         const int r0 = blockIdx.x * rpb;
         staged = mv_stage_rows(set, r0, min(r0 + rpb, rows_all), mv_stage) + (size_t)(row - r0) * set.row_bytes[0];
     }
+    /* The CPL form's weight words, every one requested before the PDL wait: weights
+     * are written at load only, so the product's first bytes arrive under the kernel
+     * before it (a norm, the attention, or the down product). H100, 1.5B-shaped bf16,
+     * batch 1, seven alternating pairs over three calls (thirty-first session, branch
+     * mv-early): 687.1-693.9 -> 687.4-698.9 tokens/s, medians 690.0 -> 697.4 (+1.1%);
+     * the same op tests, 411 comparisons, 0 over tolerance. (The twelfth session had
+     * measured this slower, 649-656 vs 686, before the launch bound and the carveout
+     * below. The loop form's first 2 or 4 chunks early, the down projections', lost:
+     * 669-676 and 683 vs 690-694, its registers 36 -> 48 and 72.) */
+    uint4 raw[CPL > 0 ? CPL : 1];
+    if constexpr (CPL > 0) {
+        if (row < rows_all) {
+            int lr;
+            const int k = mv_row_of<SWIGLU>(set, row, &lr);
+            const uint4 *wq = (const uint4 *)(set.W[k] + (size_t)lr * set.row_bytes[k]) + part * 32 + lane;
+#pragma unroll
+            for (int j = 0; j < CPL; j++) raw[j] = lm_ld_weights16_early(wq + j * wpr * 32);
+        }
+    }
     /* 16-bit weights: the next kernel let in before the wait (bf16 batch 1, H200,
      * 1.5B-shaped, one call: 759.3-763.4 -> 763.0-777.7 tokens/s, 4 sequences
      * 1,573-1,593 -> 1,595-1,602; in this form, another call: 757.1-764.3 ->
@@ -266,12 +285,9 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MIN_BLOCKS)
         const uint8_t *wr = STAGE ? staged : set.W[k] + (size_t)lr * set.row_bytes[k];
         if constexpr (CPL > 0) {
             /* exactly CPL chunks a lane (16-bit formats; the launch checked n_chunks ==
-             * CPL * wpr * 32): every weight word is requested before the first
-             * multiply-add, with no bound check between them; the sums keep the loop's
+             * CPL * wpr * 32): every weight word was requested before the PDL wait
+             * (raw, above), with no bound check between them; the sums keep the loop's
              * order below, so the results are the same to the bit */
-            uint4 raw[CPL];
-#pragma unroll
-            for (int j = 0; j < CPL; j++) raw[j] = lm_ld_weights16((const uint4 *)wr + part * 32 + lane + j * wpr * 32);
 #pragma unroll
             for (int j = 0; j < CPL; j++) {
                 const int c = part * 32 + lane + j * wpr * 32;
