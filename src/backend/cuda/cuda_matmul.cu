@@ -50,7 +50,8 @@
  *    kernel measured the same (556 vs 557). Twelfth session (2026-12-01, H200, 1.5B,
  *    batch 1; branches kept): the add_rms_norm after a one-token product run by the
  *    product's last block (bit-equal) 682 vs 683-686 bf16, 627-632 vs 678-680 Q4_K_M;
- *    the CPL rows' weights requested before the PDL wait 649-656 vs 686; those rows
+ *    the CPL rows' weights requested before the PDL wait 649-656 vs 686 (kept since
+ *    the thirty-first session, where it measured faster: mv_kernel); those rows
  *    streamed through 4-16 blocks an SM, the next group's weights ahead, 595-642 vs
  *    686; the up-front loads for 2-9 chunks a lane (the last bound-checked) 644-656
  *    vs 664-674 bf16; dropped. Thirteenth session (same setting, bf16; branches
