@@ -692,6 +692,11 @@ static void copy_decide(lm_cuda_backend *cu, const lm_weight *w) {
         dispatch_dequant_bf16(cu, m, 0, m->rows, p + r0 * w->cols); /* each in its own format */
         r0 += m->rows;
     }
+    /* the copy whole before any later kernel starts: the one-token 16-bit products
+     * (the precise mode reads copies there: mv_dispatch) request their weight words
+     * before their PDL wait (mv_kernel), which the decoding kernel, letting the next
+     * one in at its start, would still be writing. Once a weight (never in a capture). */
+    if (!cu->err) lm_cuda_ok(cu, cudaStreamSynchronize(cu->stream), "bf16 copy of a weight");
     if (cu->err) {
         cudaFree(p);
         return;
