@@ -247,9 +247,11 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MIN_BLOCKS)
         const int r0 = blockIdx.x * rpb;
         staged = mv_stage_rows(set, r0, min(r0 + rpb, rows_all), mv_stage) + (size_t)(row - r0) * set.row_bytes[0];
     }
-    /* The CPL form's weight words, every one requested before the PDL wait: weights
-     * are written at load only, so the product's first bytes arrive under the kernel
-     * before it (a norm, the attention, or the down product). H100, 1.5B-shaped bf16,
+    /* The CPL form's weight words, every one requested before the PDL wait: no kernel
+     * before a product writes its weights (they are written at load, a bf16 copy at
+     * its weight's first product, synchronized there: copy_decide), so the product's
+     * first bytes arrive under the kernel before it (a norm, the attention, or the
+     * down product). H100, 1.5B-shaped bf16,
      * batch 1, seven alternating pairs over three calls (thirty-first session, branch
      * mv-early): 687.1-693.9 -> 687.4-698.9 tokens/s, medians 690.0 -> 697.4 (+1.1%);
      * the same op tests, 411 comparisons, 0 over tolerance. (The twelfth session had
