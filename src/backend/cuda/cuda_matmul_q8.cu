@@ -481,7 +481,8 @@ __global__ void __launch_bounds__(MVQ_THREADS, 4)
      * requests its weights before its wait (lm_pdl_enter). With the down
      * products' kernel entering so as well: H200, Q4_K_M 1.5B-shaped, one call
      * (seventeenth session), batch 1 955.2-966.7 -> 990.7-996.6 tokens/s, 4 sequences
-     * 2,061-2,069 -> 2,071-2,082. */
+     * 2,061-2,069 -> 2,071-2,082. Gate/up letting the down product in first as
+     * well measured the same (H100, thirty-second session: 1,105-1,110 vs 1,107-1,108). */
     lm_pdl_enter<!SWIGLU>();
     /* a super-block per MVQ_QLANES lanes, every lane through the same trips (the shuffles) */
     for (int p0 = 0; p0 < nt * nsb; p0 += MVQ_THREADS / MVQ_QLANES) {
