@@ -22,11 +22,10 @@ __device__ __forceinline__ float lm_ld_f16(const uint8_t *p) {
 /* 16 bytes of a weight row. Weights are read once a pass, so they bypass L1 (which
  * keeps the activations every warp rereads), and L2 fetches the whole 256-byte
  * sector group (a warp reads a row's consecutive 512 bytes). */
+#define LM_LD_WEIGHTS16_PTX "ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
 __device__ __forceinline__ uint4 lm_ld_weights16(const void *p) {
     uint4 u;
-    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
-        : "l"(p));
+    asm(LM_LD_WEIGHTS16_PTX : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w) : "l"(p));
     return u;
 }
 
@@ -34,9 +33,7 @@ __device__ __forceinline__ uint4 lm_ld_weights16(const void *p) {
  * otherwise sink it past a PDL wait (an asm with a memory clobber) it was put before */
 __device__ __forceinline__ uint4 lm_ld_weights16_early(const void *p) {
     uint4 u;
-    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
-                 : "l"(p));
+    asm volatile(LM_LD_WEIGHTS16_PTX : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w) : "l"(p));
     return u;
 }
 
