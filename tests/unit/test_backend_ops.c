@@ -588,6 +588,10 @@ static void test_matmul(void) {
     test_matmul_type(LM_DTYPE_Q4_K, 4100, 1536, ns_mv, 5); /* the 8-bit kernel (mv_is_q8) */
     test_matmul_type(LM_DTYPE_Q6_K, 32768, 512, ns_mv, 5); /* a head: the interleaved copy (w->wide) */
     test_matmul_swiglu(LM_DTYPE_Q4_K, 1536, false, 4100); /* gate and up in one 8-bit launch */
+    /* whole tile groups of the interleaved copies: one token's staged kernel
+     * (mvq_gu_staged_kernel), 6 and 3 super-blocks a row */
+    test_matmul_swiglu(LM_DTYPE_Q4_K, 1536, false, 4096);
+    test_matmul_swiglu(LM_DTYPE_Q4_K, 768, false, 256);
     /* 16-bit rows of exactly 3, 8 and 6 chunks a lane at one token (CPL in cuda_matmul.cu) */
     test_matmul_type(LM_DTYPE_BF16, 200, 1536, ns_mv, 4);
     test_matmul_type(LM_DTYPE_BF16, 96, 8960, ns_mv, 2); /* 8.75 a lane: the loop */

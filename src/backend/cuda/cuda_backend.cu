@@ -764,6 +764,8 @@ extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
     cu->mvq_wide = !(mvq_wide && strcmp(mvq_wide, "0") == 0);
     const char *mvq_q4w = getenv("LUMEN_CUDA_MVQ_Q4W"); /* 0: no interleaved copies of Q4_K weights */
     cu->mvq_q4w = !(mvq_q4w && strcmp(mvq_q4w, "0") == 0);
+    const char *gu_stage = getenv("LUMEN_CUDA_GU_STAGE"); /* 0: mvq_kernel for one token's gate/up too */
+    cu->gu_stage = !(gu_stage && strcmp(gu_stage, "0") == 0);
     const char *handoff = getenv("LUMEN_CUDA_Q8_HANDOFF"); /* 0: down products over f32 activations */
     cu->q8_handoff = !(handoff && strcmp(handoff, "0") == 0);
     /* tensor-core products up to this many tokens above the matrix-vector path: none by

@@ -1,7 +1,8 @@
 /* Asynchronous copies into shared memory: 16-byte ones (the attention's and the
  * matrix-vector kernel's staging), and mbarriers with bulk copies (Hopper), as the
- * persistent decode kernel (cuda_decode_step.cu) and its stream benchmark
- * (bench/bench_cuda_stream.cu) use them: a producer arrives on a slot's barrier with
+ * persistent decode kernel (cuda_decode_step.cu), its stream benchmark
+ * (bench/bench_cuda_stream.cu) and one token's gate/up product (cuda_matmul_q8.cu)
+ * use them: a producer arrives on a slot's barrier with
  * the bytes to expect and starts the copy, whose completion counts them down;
  * consumers wait on the barrier's phase parity; and bulk requests into L2 (the decode
  * kernel's). Depends on the CUDA runtime headers only. */
@@ -86,4 +87,21 @@ __device__ __forceinline__ void lm_bulk_copy(void *dst, const void *src, uint32_
                      lm_smem_addr(dst)),
                  "l"(src), "r"(bytes), "r"(lm_smem_addr(b))
                  : "memory");
+}
+
+/* The barrier's arrival with `bytes` to expect, for copies started after it
+ * (lm_bulk_copy_stream): one arrival for several copies. */
+__device__ __forceinline__ void lm_mbar_arrive_expect(uint64_t *b, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(lm_smem_addr(b)), "r"(bytes)
+                 : "memory");
+}
+
+/* bytes of weights from global src into shared dst under lm_l2_stream_policy, their
+ * completion counted down on b (whose expected bytes lm_mbar_arrive_expect set) */
+__device__ __forceinline__ void lm_bulk_copy_stream(void *dst, const void *src, uint32_t bytes, uint64_t *b) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
+            lm_smem_addr(dst)),
+        "l"(src), "r"(bytes), "r"(lm_smem_addr(b)), "l"(lm_l2_stream_policy())
+        : "memory");
 }

@@ -40,7 +40,8 @@
  * quantizes (mvq-stage) was slower: 655-660 vs 704-712. A Q4_K row's later rounds
  * requested into L2 before the wait as well (one bulk prefetch a row; the gate/up
  * product's, 2 lanes a row; branch gu-l2-prefetch) measured the same (fifteenth
- * session: 872.6-881.3 vs 877.1-890.3).
+ * session: 872.6-881.3 vs 877.1-890.3); copied into shared memory right after the
+ * wait they gain (one token's gate/up: mvq_gu_staged_kernel, below).
  *
  * A Q6_K head (many rows, one lane a row) reads an interleaved copy of its rows made
  * at load (w->wide, MVQ_WIDE_*; LUMEN_CUDA_MVQ_WIDE=0: none), so a warp's load of
@@ -526,6 +527,120 @@ __global__ void __launch_bounds__(MVQ_THREADS, 4)
         if (t < nt) set.y[k][(size_t)(t0 + t) * set.rows[k] + lr] = acc[t];
 }
 
+/* ---- one token's gate/up product, its later rounds staged ---------------------- */
+/* The Q4_K gate/up product of one token over the interleaved copies, a block the 32
+ * rows of one tile group of each weight (64 rows, 32 values of h: the hand-off's
+ * group). Lane l of warp w takes row i = 8 w + l % 8 of weight k = l / 8 % 2 (gate,
+ * up), super-blocks j = l / 16, j + 2, ...: a quarter warp's 16-byte loads are one
+ * 128-byte run of a tile, in shared memory without bank conflicts. The first round
+ * (super-blocks 0 and 1) is loaded into registers before the PDL wait, as in
+ * mvq_kernel; right after the wait one thread copies every later super-block of the
+ * block's rows into shared memory (two bulk copies: the group's tiles of each weight
+ * are contiguous), so they stream in during the quantization and the first round's
+ * sums, where mvq_kernel requested each lane's third round only after its first
+ * round's sums. The arithmetic and its order are mvq_kernel's (the same bits).
+ *
+ * H100, Q4_K_M 1.5B-shaped, batch 1 (thirty-third session; one tree, the knob per
+ * line, medians of 3, three rounds a call): 1,107-1,115 tokens/s with
+ * LUMEN_CUDA_GU_STAGE=0 (mvq_kernel) -> 1,138-1,152 over three calls; in the step's
+ * timeline gate/up adds 7.9 us instead of 8.7. Where the copies start matters:
+ * before the wait (with the first round) 1,096-1,098, the quantization's reads and
+ * the norm before slowed by the traffic (so did mvq_kernel's rounds all requested
+ * early: twenty-eighth session, -2%); after the quantization 1,094-1,100; a barrier
+ * and two copies a round of super-blocks instead of one barrier for all,
+ * 1,124-1,129; the first round after the wait as well, 1,114-1,118. */
+enum { MVQ_GU_MAX_NSB = 6 }; /* 36 KB staged at most: three blocks an SM at the backend's carveout */
+
+static __host__ __device__ int mvq_gu_staged_bytes(int nsb) { return 2 * (nsb - 2) * MVQ_Q4W_TILE; }
+
+__global__ void __launch_bounds__(MVQ_THREADS, 4)
+    mvq_gu_staged_kernel(const __grid_constant__ mv_set set, int cols, const float *__restrict__ x, mv_q8h h8) {
+    extern __shared__ __align__(128) uint8_t mvq_smem[];
+    __shared__ uint64_t staged_full; /* the staged super-blocks' bytes */
+    __shared__ float hs[1][MVQ_THREADS / 2];
+    const int nsb = cols / 256, lane = threadIdx.x & 31, g = blockIdx.x;
+    const int i = 8 * (int)(threadIdx.x >> 5) + (lane & 7), k = (lane >> 3) & 1, j = lane >> 4;
+    const int staged = nsb - 2, st_bytes = mvq_gu_staged_bytes(nsb);
+    const uint8_t *wg = set.W[k] + (size_t)g * nsb * MVQ_Q4W_TILE; /* the group's tiles of weight k */
+    mvq_sbw nx;
+    if (j < nsb) mvq_q4w_load(wg + (size_t)j * MVQ_Q4W_TILE + 16 * i, nx);
+    lm_pdl_enter<false>(); /* as mvq_kernel's gate/up */
+    if (threadIdx.x == 0) {
+        lm_mbar_init(&staged_full, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        lm_mbar_arrive_expect(&staged_full, (uint32_t)st_bytes);
+        for (int kk = 0; kk < 2; kk++)
+            lm_bulk_copy_stream(mvq_smem + kk * staged * MVQ_Q4W_TILE,
+                                set.W[kk] + ((size_t)g * nsb + 2) * MVQ_Q4W_TILE, (uint32_t)(staged * MVQ_Q4W_TILE),
+                                &staged_full);
+    }
+    const mvq_layout l = mvq_layout_of(1, cols);
+    int8_t *q = (int8_t *)(mvq_smem + st_bytes + l.q);
+    float *da = (float *)(mvq_smem + st_bytes + l.da);
+    int *s16 = (int *)(mvq_smem + st_bytes + l.s16);
+    for (int p0 = 0; p0 < nsb; p0 += MVQ_THREADS / MVQ_QLANES) {
+        const int sb = p0 + (int)threadIdx.x / MVQ_QLANES;
+        const bool act = sb < nsb;
+        mvq_quantize_sb(x + (act ? 256 * sb : 0), q + 256 * sb, da + sb, s16 + 16 * sb,
+                        threadIdx.x % MVQ_QLANES, act);
+    }
+    __syncthreads(); /* the codes, and the barrier's initialization, for every thread */
+    float acc = 0.0f;
+    for (int c0 = 0; c0 < nsb; c0 += 2) {
+        const int sb = c0 + j;
+        mvq_sbw b;
+        if (c0 == 0) {
+            b = nx;
+        } else {
+            if (c0 == 2) lm_mbar_wait(&staged_full, 0);
+            if (sb < nsb) {
+                const uint4 *a = (const uint4 *)(mvq_smem + (k * staged + sb - 2) * MVQ_Q4W_TILE) + i;
+#pragma unroll
+                for (int p = 0; p < 9; p++) {
+                    const uint4 v = a[MVQ_WIDE_ROWS * p];
+                    b.w[4 * p] = v.x, b.w[4 * p + 1] = v.y, b.w[4 * p + 2] = v.z, b.w[4 * p + 3] = v.w;
+                }
+            }
+        }
+        int S[1] = {0}, M[1] = {0};
+        float d = 0.0f, dmin = 0.0f;
+        if (sb < nsb) mvq_q4k_sb<1>(b, q + 256 * sb, s16 + 16 * sb, cols, 1, S, M, &d, &dmin);
+        /* the round's super-blocks in order: lane l % 16 + 16 s holds c0 + s */
+#pragma unroll
+        for (int s = 0; s < 2; s++) {
+            if (c0 + s >= nsb) break;
+            const int from = (lane & 15) | (s << 4);
+            const float ds = __shfl_sync(0xffffffffu, d, from), dms = __shfl_sync(0xffffffffu, dmin, from);
+            const int St = __shfl_sync(0xffffffffu, S[0], from), Mt = __shfl_sync(0xffffffffu, M[0], from);
+            const float a = da[c0 + s];
+            acc = fmaf((float)St, __fmul_rn(ds, a), acc);
+            acc = fmaf(-(float)Mt, __fmul_rn(dms, a), acc);
+        }
+    }
+    const float u = __shfl_xor_sync(0xffffffffu, acc, 8); /* the up row's, to its gate row's lanes */
+    if (lane < 8) {
+        const float h = lm_swiglu1(acc, u);
+        set.y[0][32 * g + i] = h;
+        hs[0][i] = h;
+    }
+    if (h8.q) mvq_hand_off(h8, hs, 32 * g, 32, 0, 1);
+}
+
+/* One token's Q4_K gate/up product by mvq_gu_staged_kernel where it takes it: whole
+ * tile groups (the interleaved copies), 3 to MVQ_GU_MAX_NSB super-blocks a row. */
+static bool mvq_gu_staged(lm_cuda_backend *cu, const mv_set &set, int64_t cols, const float *x, int64_t n) {
+    const int nsb = (int)(cols / 256), ff = set.rows[0];
+    if (!cu->gu_stage || n != 1 || nsb < 3 || nsb > MVQ_GU_MAX_NSB || ff % MVQ_WIDE_ROWS != 0 ||
+        set.rows[1] != ff)
+        return false;
+    const mv_q8h h8 = lm_cuda_q8h_offer(cu, set.y[0], n, ff, 32);
+    const size_t smem = (size_t)mvq_gu_staged_bytes(nsb) + (size_t)mvq_layout_of(1, (int)cols).bytes;
+    lm_cuda_launch_carved(cu, mvq_gu_staged_kernel, dim3((unsigned)(ff / MVQ_WIDE_ROWS)), MVQ_THREADS, smem, set,
+                          (int)cols, x, h8);
+    lm_cuda_launched(cu, "mvq_gu_staged_kernel");
+    return true;
+}
+
 bool lm_cuda_mvq_supports(const lm_cuda_backend *cu, const lm_weight *w) {
     return cu->mvq && (w->type == LM_DTYPE_Q4_K || w->type == LM_DTYPE_Q6_K) && w->cols % 256 == 0 &&
            w->cols <= MVQ_MAX_COLS_TAKEN && w->rows <= INT32_MAX / 8;
@@ -620,8 +735,11 @@ void lm_cuda_mvq(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, const 
         mvq_launch<MVQ_Q6K_WIDE, false>(cu, set, cols, x, n);
     } else if (wide && !mixed && w[0]->type == LM_DTYPE_Q4_K) {
         for (int k = 0; k < n_w; k++) set.W[k] = (const uint8_t *)w[k]->wide;
-        if (swiglu) mvq_launch<MVQ_Q4K_WIDE, true>(cu, set, cols, x, n);
-        else mvq_launch<MVQ_Q4K_WIDE, false>(cu, set, cols, x, n);
+        if (swiglu) {
+            if (!mvq_gu_staged(cu, set, cols, x, n)) mvq_launch<MVQ_Q4K_WIDE, true>(cu, set, cols, x, n);
+        } else {
+            mvq_launch<MVQ_Q4K_WIDE, false>(cu, set, cols, x, n);
+        }
     } else if (mixed && !swiglu) {
         for (int k = 0; k < n_w; k++)
             if (w[k]->type == LM_DTYPE_Q4_K && w[k]->wide)
