@@ -530,40 +530,55 @@ __global__ void __launch_bounds__(MVQ_THREADS, 4)
 /* ---- one token's gate/up product, its later rounds staged ---------------------- */
 /* The Q4_K gate/up product of one token over the interleaved copies, a block the 32
  * rows of one tile group of each weight (64 rows, 32 values of h: the hand-off's
- * group). Lane l of warp w takes row i = 8 w + l % 8 of weight k = l / 8 % 2 (gate,
- * up), super-blocks j = l / 16, j + 2, ...: a quarter warp's 16-byte loads are one
- * 128-byte run of a tile, in shared memory without bank conflicts. The first round
- * (super-blocks 0 and 1) is loaded into registers before the PDL wait, as in
- * mvq_kernel; right after the wait one thread copies every later super-block of the
- * block's rows into shared memory (two bulk copies: the group's tiles of each weight
- * are contiguous), so they stream in during the quantization and the first round's
+ * group), 3 lanes a row: warp w takes super-blocks j = w / 2 and j + 3 of rows i =
+ * 16 (w % 2) + l % 16 of weight k = l / 16 (gate, up), so a quarter warp's 16-byte
+ * loads are one 128-byte run of a tile, in shared memory without bank conflicts. The
+ * first super-blocks of j = 0 and 1 are loaded into registers before the PDL wait, as
+ * in mvq_kernel; right after the wait one thread copies every later super-block of
+ * the block's rows into shared memory (two bulk copies: the group's tiles of each
+ * weight are contiguous), so they stream in during the quantization and the first
  * sums, where mvq_kernel requested each lane's third round only after its first
- * round's sums. The arithmetic and its order are mvq_kernel's (the same bits).
+ * round's sums. Each lane leaves its super-blocks' integer sums, d and dmin in shared
+ * memory, and one warp runs the float steps in super-block order for its row's gate
+ * and up, so the arithmetic and its order are mvq_kernel's (the same bits).
  *
  * H100, Q4_K_M 1.5B-shaped, batch 1 (thirty-third session; one tree, the knob per
- * line, medians of 3, three rounds a call): 1,107-1,115 tokens/s with
- * LUMEN_CUDA_GU_STAGE=0 (mvq_kernel) -> 1,138-1,152 over three calls; in the step's
- * timeline gate/up adds 7.9 us instead of 8.7. Where the copies start matters:
- * before the wait (with the first round) 1,096-1,098, the quantization's reads and
- * the norm before slowed by the traffic (so did mvq_kernel's rounds all requested
- * early: twenty-eighth session, -2%); after the quantization 1,094-1,100; a barrier
- * and two copies a round of super-blocks instead of one barrier for all,
- * 1,124-1,129; the first round after the wait as well, 1,114-1,118. */
-enum { MVQ_GU_MAX_NSB = 6 }; /* 36 KB staged at most: three blocks an SM at the backend's carveout */
+ * line, or main built beside it; medians of 3, three rounds a call). A first form, 2
+ * lanes a row in 4 warps (each lane three rounds, the lanes' sums by shuffles; branch
+ * gu-stage): 1,107-1,115 tokens/s with LUMEN_CUDA_GU_STAGE=0 (mvq_kernel) ->
+ * 1,138-1,152 over three calls, in the step's timeline gate/up adding 7.9 us instead
+ * of 8.7; this form over it 1,148-1,151 -> 1,163-1,174 (branch gu-l3). Where the
+ * copies start matters (first form): before the wait (with the first round)
+ * 1,096-1,098, the quantization's reads and the norm before slowed by the traffic (so
+ * did mvq_kernel's rounds all requested early: twenty-eighth session, -2%); after the
+ * quantization 1,094-1,100; a barrier and two copies a round of super-blocks instead
+ * of one barrier for all, 1,124-1,129; the first round after the wait as well,
+ * 1,114-1,118; started by a thread the quantization leaves idle, the barrier set up
+ * before the wait (branch gu-issuer), the same. */
+enum {
+    MVQ_GU_THREADS = 192,
+    /* 36 KB staged and 5 KB of sums a block at 6 super-blocks: three blocks an SM at
+     * the backend's carveout (132 KB), so the 280 blocks of a 1.5B model run in one wave */
+    MVQ_GU_MAX_NSB = 6,
+};
 
 static __host__ __device__ int mvq_gu_staged_bytes(int nsb) { return 2 * (nsb - 2) * MVQ_Q4W_TILE; }
 
-__global__ void __launch_bounds__(MVQ_THREADS, 4)
+__global__ void __launch_bounds__(MVQ_GU_THREADS, 3)
     mvq_gu_staged_kernel(const __grid_constant__ mv_set set, int cols, const float *__restrict__ x, mv_q8h h8) {
     extern __shared__ __align__(128) uint8_t mvq_smem[];
     __shared__ uint64_t staged_full; /* the staged super-blocks' bytes */
     __shared__ float hs[1][MVQ_THREADS / 2];
-    const int nsb = cols / 256, lane = threadIdx.x & 31, g = blockIdx.x;
-    const int i = 8 * (int)(threadIdx.x >> 5) + (lane & 7), k = (lane >> 3) & 1, j = lane >> 4;
+    /* each (super-block, weight, row)'s integer sums, and its d and dmin (the weight's
+     * f16 values, exact as halves), for the float steps */
+    __shared__ int sS[MVQ_GU_MAX_NSB][2][32], sM[MVQ_GU_MAX_NSB][2][32];
+    __shared__ __half2 sD[MVQ_GU_MAX_NSB][2][32];
+    const int nsb = cols / 256, lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = blockIdx.x;
+    const int j = w >> 1, i = 16 * (w & 1) + (lane & 15), k = lane >> 4;
     const int staged = nsb - 2, st_bytes = mvq_gu_staged_bytes(nsb);
     const uint8_t *wg = set.W[k] + (size_t)g * nsb * MVQ_Q4W_TILE; /* the group's tiles of weight k */
     mvq_sbw nx;
-    if (j < nsb) mvq_q4w_load(wg + (size_t)j * MVQ_Q4W_TILE + 16 * i, nx);
+    if (j < 2) mvq_q4w_load(wg + (size_t)j * MVQ_Q4W_TILE + 16 * i, nx);
     lm_pdl_enter<false>(); /* as mvq_kernel's gate/up */
     if (threadIdx.x == 0) {
         lm_mbar_init(&staged_full, 1);
@@ -578,50 +593,50 @@ __global__ void __launch_bounds__(MVQ_THREADS, 4)
     int8_t *q = (int8_t *)(mvq_smem + st_bytes + l.q);
     float *da = (float *)(mvq_smem + st_bytes + l.da);
     int *s16 = (int *)(mvq_smem + st_bytes + l.s16);
-    for (int p0 = 0; p0 < nsb; p0 += MVQ_THREADS / MVQ_QLANES) {
+    for (int p0 = 0; p0 < nsb; p0 += MVQ_GU_THREADS / MVQ_QLANES) {
         const int sb = p0 + (int)threadIdx.x / MVQ_QLANES;
         const bool act = sb < nsb;
         mvq_quantize_sb(x + (act ? 256 * sb : 0), q + 256 * sb, da + sb, s16 + 16 * sb,
                         threadIdx.x % MVQ_QLANES, act);
     }
     __syncthreads(); /* the codes, and the barrier's initialization, for every thread */
-    float acc = 0.0f;
-    for (int c0 = 0; c0 < nsb; c0 += 2) {
-        const int sb = c0 + j;
+    bool waited = false;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int sb = j + 3 * r;
+        if (sb >= nsb) break;
         mvq_sbw b;
-        if (c0 == 0) {
+        if (sb < 2) {
             b = nx;
         } else {
-            if (c0 == 2) lm_mbar_wait(&staged_full, 0);
-            if (sb < nsb) {
-                const uint4 *a = (const uint4 *)(mvq_smem + (k * staged + sb - 2) * MVQ_Q4W_TILE) + i;
+            if (!waited) lm_mbar_wait(&staged_full, 0), waited = true;
+            const uint4 *a = (const uint4 *)(mvq_smem + (k * staged + sb - 2) * MVQ_Q4W_TILE) + i;
 #pragma unroll
-                for (int p = 0; p < 9; p++) {
-                    const uint4 v = a[MVQ_WIDE_ROWS * p];
-                    b.w[4 * p] = v.x, b.w[4 * p + 1] = v.y, b.w[4 * p + 2] = v.z, b.w[4 * p + 3] = v.w;
-                }
+            for (int p = 0; p < 9; p++) {
+                const uint4 v = a[MVQ_WIDE_ROWS * p];
+                b.w[4 * p] = v.x, b.w[4 * p + 1] = v.y, b.w[4 * p + 2] = v.z, b.w[4 * p + 3] = v.w;
             }
         }
-        int S[1] = {0}, M[1] = {0};
-        float d = 0.0f, dmin = 0.0f;
-        if (sb < nsb) mvq_q4k_sb<1>(b, q + 256 * sb, s16 + 16 * sb, cols, 1, S, M, &d, &dmin);
-        /* the round's super-blocks in order: lane l % 16 + 16 s holds c0 + s */
-#pragma unroll
-        for (int s = 0; s < 2; s++) {
-            if (c0 + s >= nsb) break;
-            const int from = (lane & 15) | (s << 4);
-            const float ds = __shfl_sync(0xffffffffu, d, from), dms = __shfl_sync(0xffffffffu, dmin, from);
-            const int St = __shfl_sync(0xffffffffu, S[0], from), Mt = __shfl_sync(0xffffffffu, M[0], from);
-            const float a = da[c0 + s];
-            acc = fmaf((float)St, __fmul_rn(ds, a), acc);
-            acc = fmaf(-(float)Mt, __fmul_rn(dms, a), acc);
-        }
+        int S[1], M[1];
+        float d, dmin;
+        mvq_q4k_sb<1>(b, q + 256 * sb, s16 + 16 * sb, cols, 1, S, M, &d, &dmin);
+        sS[sb][k][i] = S[0], sM[sb][k][i] = M[0], sD[sb][k][i] = __floats2half2_rn(d, dmin);
     }
-    const float u = __shfl_xor_sync(0xffffffffu, acc, 8); /* the up row's, to its gate row's lanes */
-    if (lane < 8) {
-        const float h = lm_swiglu1(acc, u);
-        set.y[0][32 * g + i] = h;
-        hs[0][i] = h;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float acc[2] = {0.0f, 0.0f};
+        for (int sb = 0; sb < nsb; sb++) {
+            const float a = da[sb];
+#pragma unroll
+            for (int kk = 0; kk < 2; kk++) {
+                const float2 dd = __half22float2(sD[sb][kk][lane]);
+                acc[kk] = fmaf((float)sS[sb][kk][lane], __fmul_rn(dd.x, a), acc[kk]);
+                acc[kk] = fmaf(-(float)sM[sb][kk][lane], __fmul_rn(dd.y, a), acc[kk]);
+            }
+        }
+        const float h = lm_swiglu1(acc[0], acc[1]);
+        set.y[0][32 * g + lane] = h;
+        hs[0][lane] = h;
     }
     if (h8.q) mvq_hand_off(h8, hs, 32 * g, 32, 0, 1);
 }
@@ -635,7 +650,7 @@ static bool mvq_gu_staged(lm_cuda_backend *cu, const mv_set &set, int64_t cols, 
         return false;
     const mv_q8h h8 = lm_cuda_q8h_offer(cu, set.y[0], n, ff, 32);
     const size_t smem = (size_t)mvq_gu_staged_bytes(nsb) + (size_t)mvq_layout_of(1, (int)cols).bytes;
-    lm_cuda_launch_carved(cu, mvq_gu_staged_kernel, dim3((unsigned)(ff / MVQ_WIDE_ROWS)), MVQ_THREADS, smem, set,
+    lm_cuda_launch_carved(cu, mvq_gu_staged_kernel, dim3((unsigned)(ff / MVQ_WIDE_ROWS)), MVQ_GU_THREADS, smem, set,
                           (int)cols, x, h8);
     lm_cuda_launched(cu, "mvq_gu_staged_kernel");
     return true;
