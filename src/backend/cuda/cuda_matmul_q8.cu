@@ -49,7 +49,11 @@
  * device memory for a 151,936 x 1,536 head (the other paths and get_rows read the
  * rows in place). H200, Q4_K_M 1.5B-shaped, batch 1, one call (sixteenth session):
  * 889.4-892.7 -> 906.1-910.4 tokens/s; its first super-block requested before the
- * PDL wait as well (113 registers instead of 85): 889.9-911.0, not kept.
+ * PDL wait as well (113 registers instead of 85): 889.9-911.0, not kept. A Q/K/V
+ * set's Q6_K V (half a Q4_K_M file's layers) read from such a copy at 8 lanes a row
+ * (aligned words, no funnel shifts; the mixed kernel 114 registers instead of 110):
+ * H100, thirty-third session, branch q6v-wide, 1,142 -> 1,145-1,147 (+0.4%); not
+ * worth a second copy of V.
  *
  * Q4_K weights (every one this kernel takes: Q/K/V, O, gate/up of a Q4_K_M file) read
  * interleaved copies made at load the same way (MVQ_Q4W_TILE: tiles of 32 rows by one

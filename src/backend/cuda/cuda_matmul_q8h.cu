@@ -187,7 +187,12 @@ __global__ void __launch_bounds__(Q8H_THREADS, 4)
      * Q4_K_M 1.5B-shaped, batch 1, one call (thirty-second session, branch q8h-early):
      * k = 0 / 2 / 4 gave 1,052-1,055 / 1,079-1,082 / 1,095-1,102 tokens/s against
      * 1,100-1,113 for all. So the gap between the gate/up product's last warp and
-     * this kernel's release is not its early traffic delaying that product. */
+     * this kernel's release is not its early traffic delaying that product. Nor do
+     * bulk copies into shared memory serve it better (thirty-third session, branch
+     * q8h-stage, same setting: 1,149-1,155 all in registers; the first 2 or 0 chunks
+     * of a lane in registers and the rest of the row copied right after the wait,
+     * 1,138-1,140 and 1,111-1,117; the whole row copied before the wait, no weights in
+     * registers, 54 registers instead of 112, 1,127-1,128). */
     lm_pdl_enter<true>(); /* the next kernel (a norm) let in first */
     /* the chunks' activations read in turn: all requested at once they would not fit
      * the registers; staged in shared memory behind a barrier they took longer (6.5 us
