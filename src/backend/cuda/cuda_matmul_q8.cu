@@ -186,6 +186,21 @@ __device__ __forceinline__ void mvq_quantize_sb(const float *__restrict__ xs, in
     if (g == 0) *da = d;
 }
 
+/* The block's tokens t0 .. t0 + nt (rows of cols values from x) quantized into its
+ * shared memory by THREADS threads, a super-block per MVQ_QLANES lanes, every lane
+ * through the same trips (the shuffles). ONE: a single token (t0 0, nt 1), known
+ * when compiled. */
+template <int THREADS, bool ONE = false>
+__device__ __forceinline__ void mvq_quantize_rows(const float *__restrict__ x, int t0, int nt, int nsb, int cols,
+                                                  int8_t *q, float *da, int *s16) {
+    for (int p0 = 0; p0 < nt * nsb; p0 += THREADS / MVQ_QLANES) {
+        const int p = p0 + (int)threadIdx.x / MVQ_QLANES, t = ONE ? 0 : p / nsb, sb = ONE ? p : p % nsb;
+        const bool act = p < nt * nsb;
+        mvq_quantize_sb(x + (act ? (size_t)(t0 + t) * cols + 256 * sb : 0), q + t * cols + 256 * sb,
+                        da + t * nsb + sb, s16 + t * (cols / 16) + 16 * sb, threadIdx.x % MVQ_QLANES, act);
+    }
+}
+
 /* ---- a super-block's integer sums, one thread --------------------------------- */
 /* A super-block's bytes in registers, loaded (mvq_load_sb) a round ahead of its sums:
  * Q4_K's 144 in w[0..35], Q6_K's 52 or 53 aligned words and its d apart. */
@@ -489,13 +504,7 @@ __global__ void __launch_bounds__(MVQ_THREADS, 4)
      * 2,061-2,069 -> 2,071-2,082. Gate/up letting the down product in first as
      * well measured the same (H100, thirty-second session: 1,105-1,110 vs 1,107-1,108). */
     lm_pdl_enter<!SWIGLU>();
-    /* a super-block per MVQ_QLANES lanes, every lane through the same trips (the shuffles) */
-    for (int p0 = 0; p0 < nt * nsb; p0 += MVQ_THREADS / MVQ_QLANES) {
-        const int p = p0 + (int)threadIdx.x / MVQ_QLANES, t = p / nsb, sb = p % nsb;
-        const bool act = p < nt * nsb;
-        mvq_quantize_sb(x + (act ? (size_t)(t0 + t) * cols + 256 * sb : 0), q + t * cols + 256 * sb,
-                        da + t * nsb + sb, s16 + t * (cols / 16) + 16 * sb, threadIdx.x % MVQ_QLANES, act);
-    }
+    mvq_quantize_rows<MVQ_THREADS>(x, t0, nt, nsb, cols, q, da, s16);
     __syncthreads();
     float acc[NT];
 #pragma unroll
@@ -597,12 +606,7 @@ __global__ void __launch_bounds__(MVQ_GU_THREADS, 3)
     int8_t *q = (int8_t *)(mvq_smem + st_bytes + l.q);
     float *da = (float *)(mvq_smem + st_bytes + l.da);
     int *s16 = (int *)(mvq_smem + st_bytes + l.s16);
-    for (int p0 = 0; p0 < nsb; p0 += MVQ_GU_THREADS / MVQ_QLANES) {
-        const int sb = p0 + (int)threadIdx.x / MVQ_QLANES;
-        const bool act = sb < nsb;
-        mvq_quantize_sb(x + (act ? 256 * sb : 0), q + 256 * sb, da + sb, s16 + 16 * sb,
-                        threadIdx.x % MVQ_QLANES, act);
-    }
+    mvq_quantize_rows<MVQ_GU_THREADS, true>(x, 0, 1, nsb, cols, q, da, s16);
     __syncthreads(); /* the codes, and the barrier's initialization, for every thread */
     bool waited = false;
 #pragma unroll
