@@ -63,6 +63,19 @@ __device__ __forceinline__ void lm_mbar_init(uint64_t *b, unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(lm_smem_addr(b)), "r"(count) : "memory");
 }
 
+/* after a thread's lm_mbar_init calls: the barriers visible to the bulk copies (the
+ * other threads see them after a barrier of the block's) */
+__device__ __forceinline__ void lm_mbar_init_fence(void) {
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+/* The barrier's arrival with `bytes` to expect, for the copies that complete them:
+ * lm_bulk_copy's own, or several started after it (lm_bulk_copy_stream). */
+__device__ __forceinline__ void lm_mbar_arrive_expect(uint64_t *b, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(lm_smem_addr(b)), "r"(bytes)
+                 : "memory");
+}
+
 /* until the barrier's phase of this parity has completed */
 __device__ __forceinline__ void lm_mbar_wait(uint64_t *b, unsigned parity) {
     uint32_t done;
@@ -81,18 +94,10 @@ __device__ __forceinline__ void lm_mbar_arrive(uint64_t *b) {
 /* bytes from global src into shared dst: the arrival on b with the bytes to expect,
  * then the copy, which completes them */
 __device__ __forceinline__ void lm_bulk_copy(void *dst, const void *src, uint32_t bytes, uint64_t *b) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(lm_smem_addr(b)), "r"(bytes)
-                 : "memory");
+    lm_mbar_arrive_expect(b, bytes);
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
                      lm_smem_addr(dst)),
                  "l"(src), "r"(bytes), "r"(lm_smem_addr(b))
-                 : "memory");
-}
-
-/* The barrier's arrival with `bytes` to expect, for copies started after it
- * (lm_bulk_copy_stream): one arrival for several copies. */
-__device__ __forceinline__ void lm_mbar_arrive_expect(uint64_t *b, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(lm_smem_addr(b)), "r"(bytes)
                  : "memory");
 }
 

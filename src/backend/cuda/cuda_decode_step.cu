@@ -586,7 +586,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
     if (threadIdx.x == 0) {
         *copied = 0;
         for (int s = 0; s < n_slots; s++) lm_mbar_init(&full[s], 1), lm_mbar_init(&empty[s], DS_WARPS);
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        lm_mbar_init_fence();
     }
     __syncthreads();
     const int q_dim = a.n_head * a.hd, kv_dim = a.n_head_kv * a.hd;

@@ -357,6 +357,15 @@ __device__ __forceinline__ void mvq_q4w_load(const uint8_t *w, mvq_sbw &b) {
     }
 }
 
+/* The same from a copy of the tile in shared memory (mvq_gu_staged_kernel) */
+__device__ __forceinline__ void mvq_q4w_load_shared(const uint8_t *w, mvq_sbw &b) {
+#pragma unroll
+    for (int p = 0; p < 9; p++) {
+        const uint4 v = ((const uint4 *)w)[MVQ_WIDE_ROWS * p];
+        b.w[4 * p] = v.x, b.w[4 * p + 1] = v.y, b.w[4 * p + 2] = v.z, b.w[4 * p + 3] = v.w;
+    }
+}
+
 /* Super-block sb of a row's weights into b (MVQ_Q6K_WIDE: wr its rows' first tile;
  * MVQ_Q4K_WIDE: the row's first word in its first tile). */
 template <int T>
@@ -595,7 +604,7 @@ __global__ void __launch_bounds__(MVQ_GU_THREADS, 3)
     lm_pdl_enter<false>(); /* as mvq_kernel's gate/up */
     if (threadIdx.x == 0) {
         lm_mbar_init(&staged_full, 1);
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        lm_mbar_init_fence();
         lm_mbar_arrive_expect(&staged_full, (uint32_t)st_bytes);
         for (int kk = 0; kk < 2; kk++)
             lm_bulk_copy_stream(mvq_smem + kk * staged * MVQ_Q4W_TILE,
@@ -618,12 +627,7 @@ __global__ void __launch_bounds__(MVQ_GU_THREADS, 3)
             b = nx;
         } else {
             if (!waited) lm_mbar_wait(&staged_full, 0), waited = true;
-            const uint4 *a = (const uint4 *)(mvq_smem + (k * staged + sb - 2) * MVQ_Q4W_TILE) + i;
-#pragma unroll
-            for (int p = 0; p < 9; p++) {
-                const uint4 v = a[MVQ_WIDE_ROWS * p];
-                b.w[4 * p] = v.x, b.w[4 * p + 1] = v.y, b.w[4 * p + 2] = v.z, b.w[4 * p + 3] = v.w;
-            }
+            mvq_q4w_load_shared(mvq_smem + (k * staged + sb - 2) * MVQ_Q4W_TILE + 16 * i, b);
         }
         int S[1], M[1];
         float d, dmin;
