@@ -72,9 +72,21 @@ enum { DEC_MAX_GROUP = 16, DEC_SPLIT_KB = 16 };
  * rows, of HD + 8 halves each in the kernel's dynamic shared memory, so the 8 rows an
  * ldmatrix reads fall in different banks. It holds the warp's first block (every
  * block in turn in the 8-warp kernel: STAGE_ALL), then the warp's output state for
- * the merge of the warps (rows of HD + 1 floats). */
+ * the merge of the warps (rows of dec_f32_row floats). */
 template <int HD>
 __host__ __device__ constexpr int dec_stage_row() { return HD + 8; }
+
+/* The f32 rows in shared memory that the warps read or write in the accumulator
+ * layout (the qkv_finish's query rows, tc_start_rows' reads; the warps' output states):
+ * lane (g, c2) takes row g and columns c2, c2 + 1. At HD + 8 floats the 8 rows are 8
+ * banks apart, so a half warp's 8-byte accesses take every bank once; at HD floats
+ * (the query rows) the 8 rows fell in one bank (8-way conflicts), at HD + 1 (the
+ * states) in 14 banks. Per-warp clock points in block (0, 0) (H100, 1.5B-shaped,
+ * batch 1, thirty-fourth session, branch attn-phases): the warps were ~950 cycles
+ * past the qkv_finish barrier before tc_start_rows had its query rows in registers,
+ * before a first KV block's fragments were taken. */
+template <int HD>
+__host__ __device__ constexpr int dec_f32_row() { return HD + 8; }
 template <int HD>
 __host__ __device__ constexpr size_t dec_stage_warp_bytes() {
     return (size_t)2 * TC_ROWS * dec_stage_row<HD>() * sizeof(__half);
@@ -84,7 +96,7 @@ __host__ __device__ constexpr size_t dec_stage_warp_bytes() {
  * memory) */
 template <int HD>
 __device__ __forceinline__ float *dec_state_row(uint4 *stages, int w, int r) {
-    return (float *)((uint8_t *)stages + w * dec_stage_warp_bytes<HD>()) + r * (HD + 1);
+    return (float *)((uint8_t *)stages + w * dec_stage_warp_bytes<HD>()) + r * dec_f32_row<HD>();
 }
 
 /* A KV block's keys and values requested into the warp's stage: 16-byte copies, 16
@@ -247,7 +259,7 @@ __device__ __forceinline__ void dec_finish_biases(const qf_args &f, int hk, int 
  * -> 958.4-970.4 tokens/s, bf16 751.5-754.5 -> 763.7-774.0). */
 template <int HD, int THREADS, int MAXG>
 __device__ void dec_finish(const qf_args &f, float c, float s, int t, int hk, int h0, int group, bool first, bool last,
-                           int64_t slot, float (*q_fin)[HD], const float b0[dec_finish_passes<HD, THREADS, MAXG>()],
+                           int64_t slot, float (*q_fin)[dec_f32_row<HD>()], const float b0[dec_finish_passes<HD, THREADS, MAXG>()],
                            const float b1[dec_finish_passes<HD, THREADS, MAXG>()]) {
     static_assert(THREADS % (HD / 2) == 0, "a thread's pairs share their index in the row");
     constexpr int ROWS = dec_finish_rows<HD, THREADS>(), PER = dec_finish_passes<HD, THREADS, MAXG>();
@@ -315,12 +327,12 @@ __global__ void __launch_bounds__(32 * WARPS)
     __shared__ uint64_t stamp[DEC_PROF_PHASES + 1];
     const bool profiled = prof && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0;
     if (profiled) stamp[0] = lm_cuda_clock_ns();
-    /* a warp's output state (MAXG rows of HD + 1 floats, +1: rows fall in other banks)
-     * goes into its own stage once its last block is in registers: ~33 KB less shared
+    /* a warp's output state (MAXG rows of dec_f32_row floats) goes into its own stage once its last block is in registers: ~33 KB less shared
      * memory a block at head size 128 (~75 KB in the 8-warp block instead of ~107) */
-    static_assert(MAXG * (HD + 1) * sizeof(float) <= dec_stage_warp_bytes<HD>(), "a warp's state fits its stage");
+    static_assert(MAXG * dec_f32_row<HD>() * sizeof(float) <= dec_stage_warp_bytes<HD>(),
+                  "a warp's state fits its stage");
     __shared__ float ml_sh[WARPS][MAXG][2];
-    __shared__ float q_fin[FIN ? MAXG : 1][HD];
+    __shared__ float q_fin[FIN ? MAXG : 1][dec_f32_row<HD>()];
     __shared__ int last_sh;
     /* the token's place and block table first, while the kernel before this one still
      * runs: the metadata was copied before it (cuda_qkv_finish.cu does the same) */
@@ -369,7 +381,8 @@ __global__ void __launch_bounds__(32 * WARPS)
     /* the group's query heads are the rows */
     uint32_t qa[HD / 16][4];
     float o[HD / 8][4], m[2], l[2];
-    tc_start_rows<HD>(FIN ? &q_fin[0][0] : q + ((int64_t)t * n_head + h0) * HD, HD, group, g, c2, qa, o, m, l);
+    tc_start_rows<HD>(FIN ? &q_fin[0][0] : q + ((int64_t)t * n_head + h0) * HD, FIN ? dec_f32_row<HD>() : HD, group,
+                      g, c2, qa, o, m, l);
 
     if constexpr (STAGE_ALL) {
         /* every block through the warp's stage: the first requested before the wait
@@ -428,7 +441,7 @@ __global__ void __launch_bounds__(32 * WARPS)
         if (c2 == 0) ml_sh[warp][r][0] = m[i], ml_sh[warp][r][1] = l[i];
         float *const orow = dec_state_row<HD>(dec_stage_words, warp, r);
 #pragma unroll
-        for (int j = 0; j < HD / 8; j++) orow[j * 8 + c2] = o[j][2 * i], orow[j * 8 + c2 + 1] = o[j][2 * i + 1];
+        for (int j = 0; j < HD / 8; j++) *(float2 *)(orow + j * 8 + c2) = make_float2(o[j][2 * i], o[j][2 * i + 1]);
     }
     __syncthreads();
     if (profiled) stamp[4] = lm_cuda_clock_ns();
