@@ -77,14 +77,17 @@ template <int HD>
 __host__ __device__ constexpr int dec_stage_row() { return HD + 8; }
 
 /* The f32 rows in shared memory that the warps read or write in the accumulator
- * layout (the qkv_finish's query rows, tc_start_rows' reads; the warps' output states):
- * lane (g, c2) takes row g and columns c2, c2 + 1. At HD + 8 floats the 8 rows are 8
- * banks apart, so a half warp's 8-byte accesses take every bank once; at HD floats
- * (the query rows) the 8 rows fell in one bank (8-way conflicts), at HD + 1 (the
- * states) in 14 banks. Per-warp clock points in block (0, 0) (H100, 1.5B-shaped,
- * batch 1, thirty-fourth session, branch attn-phases): the warps were ~950 cycles
- * past the qkv_finish barrier before tc_start_rows had its query rows in registers,
- * before a first KV block's fragments were taken. */
+ * layout (the qkv_finish's query rows, which tc_start_rows reads; the warps' output
+ * states): lane (g, c2) takes row g, columns c2 and c2 + 1. At HD + 8 floats the 8
+ * rows are 8 banks apart: a half warp's 8-byte stores (the states) take every bank
+ * once, a warp's 4-byte loads (the query rows) two lanes a bank. At HD floats the
+ * query rows' 8 rows had fallen in one bank (8-way conflicts), and at HD + 1 the
+ * states' in 14 banks. Per-warp clock points in block (0, 0) (H100, 1.5B-shaped,
+ * batch 1, thirty-fourth session, branch attn-phases) had the warps ~950 cycles past
+ * the qkv_finish barrier before tc_start_rows had its query rows in registers. Same
+ * call, main built beside it: Q4_K_M 1,158.5 / 1,164.6 / 1,163.9 -> 1,165.1 /
+ * 1,182.4 / 1,183.9 tokens/s (another call: 1,166-1,172 -> 1,184-1,188), the KV
+ * phase 3.00 -> 2.61-2.64 us; bf16 the same (KV 3.27 -> 3.12-3.14 us). */
 template <int HD>
 __host__ __device__ constexpr int dec_f32_row() { return HD + 8; }
 template <int HD>
@@ -450,7 +453,11 @@ __global__ void __launch_bounds__(32 * WARPS)
         /* every warp's state read and every weight taken before the sums in warp order,
          * a warp without blocks dropped by selects (the same sums): with `if (mw ==
          * -inf) continue` each warp had a branch, its shared read and exponential inside
-         * it waiting on the warp before (SASS, sm_90a) */
+         * it waiting on the warp before (SASS, sm_90a). Each row's weights and sum
+         * worked out once instead, by a thread a row behind one more barrier while the
+         * states were written (branch merge-wt, thirty-fourth session, H100): this loop
+         * 0.93 -> 0.64 us, but the phase before it 2.61 -> 2.89, tokens/s within 0.3%;
+         * not kept. */
         float mw[WARPS], lw[WARPS], ow[WARPS], c[WARPS];
         float M = -INFINITY;
 #pragma unroll
