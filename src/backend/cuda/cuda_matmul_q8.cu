@@ -576,7 +576,11 @@ __global__ void __launch_bounds__(MVQ_THREADS, 4)
  * quantization 1,094-1,100; a barrier and two copies a round of super-blocks instead
  * of one barrier for all, 1,124-1,129; the first round after the wait as well,
  * 1,114-1,118; started by a thread the quantization leaves idle, the barrier set up
- * before the wait (branch gu-issuer), the same. */
+ * before the wait (branch gu-issuer), the same. Its bytes are not what bounds it:
+ * every layer's gate/up reading layer 0's weights (so they can stay in L2; outputs
+ * wrong) gained at most 3%, and the O product's blocks prefetching the layer's gate/up
+ * weights into L2 (cp.async.bulk.prefetch) under the attention lost 5%, after its wait
+ * 4% (thirty-fourth session, branch l2-pf). */
 enum {
     MVQ_GU_THREADS = 192,
     /* 36 KB staged and 5 KB of sums a block at 6 super-blocks: three blocks an SM at
