@@ -262,7 +262,8 @@ __device__ __forceinline__ void dec_finish_biases(const qf_args &f, int hk, int 
  * -> 958.4-970.4 tokens/s, bf16 751.5-754.5 -> 763.7-774.0). */
 template <int HD, int THREADS, int MAXG>
 __device__ void dec_finish(const qf_args &f, float c, float s, int t, int hk, int h0, int group, bool first, bool last,
-                           int64_t slot, float (*q_fin)[dec_f32_row<HD>()], const float b0[dec_finish_passes<HD, THREADS, MAXG>()],
+                           int64_t slot, float (*q_fin)[dec_f32_row<HD>()],
+                           const float b0[dec_finish_passes<HD, THREADS, MAXG>()],
                            const float b1[dec_finish_passes<HD, THREADS, MAXG>()]) {
     static_assert(THREADS % (HD / 2) == 0, "a thread's pairs share their index in the row");
     constexpr int ROWS = dec_finish_rows<HD, THREADS>(), PER = dec_finish_passes<HD, THREADS, MAXG>();
@@ -330,8 +331,9 @@ __global__ void __launch_bounds__(32 * WARPS)
     __shared__ uint64_t stamp[DEC_PROF_PHASES + 1];
     const bool profiled = prof && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0;
     if (profiled) stamp[0] = lm_cuda_clock_ns();
-    /* a warp's output state (MAXG rows of dec_f32_row floats) goes into its own stage once its last block is in registers: ~33 KB less shared
-     * memory a block at head size 128 (~75 KB in the 8-warp block instead of ~107) */
+    /* a warp's output state (MAXG rows of dec_f32_row floats) goes into its own stage
+     * once its last block is in registers: ~33 KB less shared memory a block at head
+     * size 128 (~75 KB in the 8-warp block instead of ~107) */
     static_assert(MAXG * dec_f32_row<HD>() * sizeof(float) <= dec_stage_warp_bytes<HD>(),
                   "a warp's state fits its stage");
     __shared__ float ml_sh[WARPS][MAXG][2];
