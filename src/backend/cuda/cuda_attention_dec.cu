@@ -70,9 +70,9 @@ enum { DEC_MAX_GROUP = 16, DEC_SPLIT_KB = 16 };
 
 /* A warp's stage (dec_stage_block): one KV block's 16 key rows, then its 16 value
  * rows, of HD + 8 halves each in the kernel's dynamic shared memory, so the 8 rows an
- * ldmatrix reads fall in different banks. It holds the warp's first block (every
- * block in turn in the 8-warp kernel: STAGE_ALL), then the warp's output state for
- * the merge of the warps (rows of dec_f32_row floats). */
+ * ldmatrix reads fall in different banks. It holds the warp's first block (in the
+ * 8-warp kernel each block has its own: STAGE_ALL), then (the first) the warp's
+ * output state for the merge of the warps (rows of dec_f32_row floats). */
 template <int HD>
 __host__ __device__ constexpr int dec_stage_row() { return HD + 8; }
 
@@ -93,6 +93,17 @@ __host__ __device__ constexpr int dec_f32_row() { return HD + 8; }
 template <int HD>
 __host__ __device__ constexpr size_t dec_stage_warp_bytes() {
     return (size_t)2 * TC_ROWS * dec_stage_row<HD>() * sizeof(__half);
+}
+/* A warp's stages: one for each of its blocks in the 8-warp kernel (STAGE_ALL: its
+ * DEC_SPLIT_KB / 8 blocks, warp w's i-th stage at w + 8 i, ~139 KB a block at head
+ * size 128), one in the 4-warp kernel */
+template <int HD, int WARPS>
+__host__ __device__ constexpr int dec_stages_per_warp() {
+    return tc_early(HD) && WARPS == 8 ? DEC_SPLIT_KB / WARPS : 1;
+}
+template <int HD, int WARPS>
+__host__ __device__ constexpr size_t dec_stage_bytes() {
+    return (size_t)dec_stages_per_warp<HD, WARPS>() * WARPS * dec_stage_warp_bytes<HD>();
 }
 
 /* Row r of warp w's output state in its stage (stages: the kernel's dynamic shared
@@ -337,7 +348,7 @@ __global__ void __launch_bounds__(32 * WARPS)
     static_assert(MAXG * dec_f32_row<HD>() * sizeof(float) <= dec_stage_warp_bytes<HD>(),
                   "a warp's state fits its stage");
     __shared__ float ml_sh[WARPS][MAXG][2];
-    __shared__ float q_fin[FIN ? MAXG : 1][dec_f32_row<HD>()];
+    __shared__ __align__(16) float q_fin[FIN ? MAXG : 1][dec_f32_row<HD>()]; /* 8-byte reads: tc_start_rows */
     __shared__ int last_sh;
     /* the token's place and block table first, while the kernel before this one still
      * runs: the metadata was copied before it (cuda_qkv_finish.cu does the same) */
@@ -363,17 +374,21 @@ __global__ void __launch_bounds__(32 * WARPS)
     /* the first block's table entry before the wait as well, early or not: a warp
      * starting on the token's own block then reads no table after the qkv_finish */
     int32_t blk = kb_first <= kb_end ? table[kb_first] : 0;
-    /* STAGE_ALL: its later blocks' too (DEC_SPLIT_KB / WARPS a warp at most), so staging
-     * the next block waits on no table read */
+    /* STAGE_ALL: its second block's too, so its copies wait on no table read */
     constexpr bool STAGE_ALL = tc_early(HD) && WARPS == 8;
-    constexpr int PER_WARP = DEC_SPLIT_KB / WARPS;
-    int32_t blks[PER_WARP]; /* [0] unused: blk */
-    if constexpr (STAGE_ALL)
-#pragma unroll
-        for (int i = 1; i < PER_WARP; i++) blks[i] = kb_first + i * WARPS <= kb_end ? table[kb_first + i * WARPS] : 0;
-    extern __shared__ __align__(16) uint4 dec_stage_words[]; /* tc_early(HD): dec_stage_warp_bytes a warp */
+    static_assert(!STAGE_ALL || dec_stages_per_warp<HD, WARPS>() == 2, "a warp's two blocks, a stage and a group each");
+    const bool has2 = STAGE_ALL && kb_first + WARPS <= kb_end;
+    const int32_t blk2 = has2 ? table[kb_first + WARPS] : 0;
+    extern __shared__ __align__(16) uint4 dec_stage_words[]; /* dec_stage_bytes */
     __half *const stage = (__half *)dec_stage_words + warp * (dec_stage_warp_bytes<HD>() / sizeof(__half));
+    __half *const stage2 = STAGE_ALL ? stage + WARPS * (dec_stage_warp_bytes<HD>() / sizeof(__half)) : nullptr;
+    /* STAGE_ALL: a commit group a block, block 0's first (early2 implies early) */
+    const bool early2 = has2 && ahead && kb_first + WARPS < kb_last;
     if (early) dec_stage_block<HD>(stage, K, V, blk, d_kv, head_off, lane);
+    if constexpr (STAGE_ALL) {
+        if (early) lm_cp_async_commit();
+        if (early2) dec_stage_block<HD>(stage2, K, V, blk2, d_kv, head_off, lane), lm_cp_async_commit();
+    }
     float fb0[FIN ? dec_finish_passes<HD, THREADS, MAXG>() : 1], fb1[FIN ? dec_finish_passes<HD, THREADS, MAXG>() : 1];
     if constexpr (FIN) dec_finish_biases<HD, THREADS, MAXG>(fin, hk, h0, group, split == n_split - 1, fb0, fb1);
     if (profiled) stamp[1] = lm_cuda_clock_ns();
@@ -383,6 +398,11 @@ __global__ void __launch_bounds__(32 * WARPS)
         dec_finish<HD, THREADS, MAXG>(fin, rc, rs, t, hk, h0, group, split == 0, split == n_split - 1,
                                       (int64_t)table[p / TC_ROWS] * TC_ROWS + p % TC_ROWS, q_fin, fb0, fb1);
     if (profiled) stamp[3] = lm_cuda_clock_ns();
+    if constexpr (STAGE_ALL) { /* the blocks not requested before the wait (the token's own), in order */
+        if (!early && kb_first <= kb_end)
+            dec_stage_block<HD>(stage, K, V, blk, d_kv, head_off, lane), lm_cp_async_commit();
+        if (has2 && !early2) dec_stage_block<HD>(stage2, K, V, blk2, d_kv, head_off, lane), lm_cp_async_commit();
+    }
     /* the group's query heads are the rows */
     uint32_t qa[HD / 16][4];
     float o[HD / 8][4], m[2], l[2];
@@ -390,32 +410,37 @@ __global__ void __launch_bounds__(32 * WARPS)
                       g, c2, qa, o, m, l);
 
     if constexpr (STAGE_ALL) {
-        /* every block through the warp's stage: the first requested before the wait
-         * (early) or now, each next one as soon as the one before is in registers, so
-         * it arrives during that block's products (the token's own block after the
-         * qkv_finish's barrier, its row p written). Against the first block alone
-         * staged (H200, 1.5B-shaped, same call, eighteenth session): batch 1 bf16
-         * 785.7-794.2 -> 800.9-807.1 tokens/s, Q4_K_M 989.8-997.8 -> 1,013.9-1,019.9;
-         * 64 sequences 33,540 -> 33,971 (one run each; 187 registers instead of 254).
-         * The 4-warp kernel (more items than twice the SMs) keeps the fragments' own
-         * loads for its later blocks: staged, its 256 sequences went 79,997-80,086 ->
-         * 78,605-78,631 (up to 4 blocks a warp, each copy waited for in turn).
-         * What the phase is made of (H100, 1.5B-shaped, batch 1, branch attn-phases,
-         * parts left out, outputs wrong): without the Q K products, the P V products
-         * or the exponentials it is at most ~0.2 us shorter each, without a block's
-         * work altogether (copies and ldmatrix kept) 3.2 -> 2.0 us; per warp, a
-         * warp spent 700-1,000 cycles issuing its next block's copies. */
-        if (!early && kb_first <= kb_end) dec_stage_block<HD>(stage, K, V, blk, d_kv, head_off, lane);
+        /* a stage a block, each requested before the wait (ahead) or right after the
+         * qkv_finish's barrier (the token's own block, its row p written), each waited
+         * for by its own group. Against the first block alone staged (H200, 1.5B-shaped,
+         * same call, eighteenth session): batch 1 bf16 785.7-794.2 -> 800.9-807.1
+         * tokens/s, Q4_K_M 989.8-997.8 -> 1,013.9-1,019.9; 64 sequences 33,540 ->
+         * 33,971 (one run each; 187 registers instead of 254). The 4-warp kernel (more
+         * items than twice the SMs) keeps the fragments' own loads for its later blocks:
+         * staged, its 256 sequences went 79,997-80,086 -> 78,605-78,631 (up to 4 blocks
+         * a warp, each copy waited for in turn).
+         * The second block had shared the first's stage, requested once the first was in
+         * registers; per-warp clock points (H100, 1.5B-shaped, batch 1, thirty-fourth
+         * session, branch attn-phases) had a warp 700-1,000 cycles issuing those copies
+         * and ~450 more until they had landed, on the step's chain. Its own stage, the
+         * copies requested before the wait (H100, 1.5B-shaped, same calls, 8 runs each,
+         * thirty-fifth session, branch attn-2stage): Q4_K_M batch 1 median 1,164.3 ->
+         * 1,176.5 tokens/s, with the query rows read 8 bytes a load (tc_start_rows)
+         * 1,178.4; bf16 703.8 / 701.0 -> 703.7 / 701.6; 64 sequences 29,324 -> 29,277
+         * (one run). What the phase was made of before (same branch, parts left out,
+         * outputs wrong): without the Q K products, the P V products or the exponentials
+         * it was at most ~0.2 us shorter each, without a block's work altogether
+         * (copies and ldmatrix kept) 3.2 -> 2.0 us. */
 #pragma unroll
-        for (int i = 0; i < PER_WARP; i++) {
+        for (int i = 0; i < 2; i++) {
             const int kb = kb_first + i * WARPS;
             if (kb > kb_end) break;
-            dec_take_stage<HD>(stage, lane, kf, vf);
+            if (i == 0 && has2) lm_cp_async_wait_group<1>();
+            else lm_cp_async_wait_group<0>();
+            __syncwarp(); /* every lane's copies landed */
+            dec_frags_of_stage<HD>(i ? stage2 : stage, lane, kf, vf);
             const int valid = p - kb * TC_ROWS;
             if (valid < TC_ROWS - 1) dec_mask_values<HD>(vf, valid, c2);
-            __syncwarp(); /* every lane's ldmatrix done: the stage is free */
-            if (i + 1 < PER_WARP && kb + WARPS <= kb_end)
-                dec_stage_block<HD>(stage, K, V, blks[i + 1], d_kv, head_off, lane);
             int32_t none = 0; /* no next block: tc_attend_block reads no table */
             tc_attend_block<HD, true, true>(K, V, table, kb, -1, none, valid, d_kv, head_off, g, c2, qa, kf, lo, pos,
                                             scale, m, l, o, vf);
@@ -505,7 +530,7 @@ __global__ void __launch_bounds__(32 * WARPS)
  * backend's device). An error is recorded when it is refused. */
 template <int HD, int WARPS, int MAXG, bool FIN>
 static bool dec_allow(lm_cuda_backend *cu) {
-    const size_t bytes = WARPS * dec_stage_warp_bytes<HD>();
+    const size_t bytes = dec_stage_bytes<HD, WARPS>();
     const unsigned bit = 1u << ((HD == 64 ? 0 : 4) + (WARPS == 8 ? 0 : 2) + (FIN ? 1 : 0));
     if (cu->attn_dec_smem & bit) return true;
     if (!lm_cuda_ok(cu, cudaFuncSetAttribute(attn_dec_kernel<HD, WARPS, MAXG, FIN>,
@@ -553,7 +578,7 @@ void lm_cuda_attention_dec(lm_cuda_backend *cu, const lm_kv_cache *kv, int64_t l
     const qf_args &f = fin ? *fin : none;
 #define LM_DEC(H, W, G, F)                                                                                           \
     (dec_allow<H, W, G, F>(cu)                                                                                       \
-         ? lm_cuda_launch_smem(cu, attn_dec_kernel<H, W, G, F>, grid, 32 * W, W * dec_stage_warp_bytes<H>(), meta,    \
+         ? lm_cuda_launch_smem(cu, attn_dec_kernel<H, W, G, F>, grid, 32 * W, dec_stage_bytes<H, W>(), meta,          \
                                (int)n, (int)n_head, (int)n_head_kv, (int)group, d_kv, K, V, q, window, scale,        \
                                max_splits, out, outb, part, counts, cu->attn_dec_ahead, f,     \
                                cu->attn_prof)                                                                        \

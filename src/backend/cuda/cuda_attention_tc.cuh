@@ -54,7 +54,9 @@ __device__ __forceinline__ void load_keys(const __half *__restrict__ K, int32_t 
 }
 
 /* This thread's A fragments of 16 query rows, row r at base + r * stride (rows from
- * `valid` on are zeros), rounded to f16 as the keys; and the empty output state. */
+ * `valid` on are zeros), rounded to f16 as the keys; and the empty output state.
+ * base and stride even: a lane's two columns are one 8-byte load (from the decode
+ * attention's shared query rows two 4-byte loads had each taken two lanes a bank). */
 template <int HD>
 __device__ __forceinline__ void tc_start_rows(const float *__restrict__ base, int64_t stride, int valid, int g, int c2,
                                               uint32_t qa[HD / 16][4], float o[HD / 8][4], float m[2], float l[2]) {
@@ -63,8 +65,8 @@ __device__ __forceinline__ void tc_start_rows(const float *__restrict__ base, in
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int r = g + 8 * (i & 1), col = kc * 16 + c2 + 8 * (i >> 1);
-            const float *qr = base + r * stride + col;
-            qa[kc][i] = r < valid ? pack_half2(qr[0], qr[1]) : 0u;
+            const float2 v = r < valid ? *(const float2 *)(base + r * stride + col) : make_float2(0.0f, 0.0f);
+            qa[kc][i] = pack_half2(v.x, v.y);
         }
 #pragma unroll
     for (int j = 0; j < HD / 8; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;

@@ -53,6 +53,14 @@ __device__ __forceinline__ uint4 lm_ldg_stream16(const void *p) {
 
 __device__ __forceinline__ void lm_cp_async_wait_all(void) { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
+/* The thread's copies requested so far as one group; waiting until at most N of its
+ * groups (the latest committed) are still in flight */
+__device__ __forceinline__ void lm_cp_async_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void lm_cp_async_wait_group(void) {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
 /* `bytes` (a multiple of 16) of global memory at src (16-byte aligned) requested into
  * L2, nothing waited for (Hopper) */
 __device__ __forceinline__ void lm_bulk_prefetch_l2(const void *src, uint32_t bytes) {
