@@ -150,8 +150,7 @@ __device__ __forceinline__ void dec_ldmatrix_x4(uint32_t r[4], const __half *p, 
  * the 16 dimensions) of slice kc, rows the positions; values: transposed, matrices
  * (half of the 16 positions, dimension tile) for two tiles at once. */
 template <int HD>
-__device__ __forceinline__ void dec_frags_of_stage(const __half *st, int lane, uint32_t kf[HD / 16][2][2],
-                                                   uint32_t vf[HD / 8][2]) {
+__device__ __forceinline__ void dec_keys_of_stage(const __half *st, int lane, uint32_t kf[HD / 16][2][2]) {
     constexpr int R = dec_stage_row<HD>();
     const int m = lane >> 3, r = lane & 7;
 #pragma unroll
@@ -160,12 +159,23 @@ __device__ __forceinline__ void dec_frags_of_stage(const __half *st, int lane, u
         dec_ldmatrix_x4(x, st + ((m >> 1) * 8 + r) * R + kc * 16 + (m & 1) * 8, false);
         kf[kc][0][0] = x[0], kf[kc][0][1] = x[1], kf[kc][1][0] = x[2], kf[kc][1][1] = x[3];
     }
+}
+template <int HD>
+__device__ __forceinline__ void dec_values_of_stage(const __half *st, int lane, uint32_t vf[HD / 8][2]) {
+    constexpr int R = dec_stage_row<HD>();
+    const int m = lane >> 3, r = lane & 7;
 #pragma unroll
     for (int j = 0; j < HD / 8; j += 2) {
         uint32_t x[4];
         dec_ldmatrix_x4(x, st + (TC_ROWS + (m & 1) * 8 + r) * R + (j + (m >> 1)) * 8, true);
         vf[j][0] = x[0], vf[j][1] = x[1], vf[j + 1][0] = x[2], vf[j + 1][1] = x[3];
     }
+}
+template <int HD>
+__device__ __forceinline__ void dec_frags_of_stage(const __half *st, int lane, uint32_t kf[HD / 16][2][2],
+                                                   uint32_t vf[HD / 8][2]) {
+    dec_keys_of_stage<HD>(st, lane, kf);
+    dec_values_of_stage<HD>(st, lane, vf);
 }
 
 /* The warp's stage, once its copies have landed, as the block's fragments (every
@@ -187,6 +197,52 @@ __device__ __forceinline__ void dec_mask_values(uint32_t vf[HD / 8][2], int vali
     const uint32_t m1 = (c2 + 8 <= valid ? 0x0000ffffu : 0u) | (c2 + 9 <= valid ? 0xffff0000u : 0u);
 #pragma unroll
     for (int j = 0; j < HD / 8; j++) vf[j][0] &= m0, vf[j][1] &= m1;
+}
+
+/* A warp's two staged blocks kb0 and kb1 (> kb0, so kb0 lies wholly before p) as one:
+ * both blocks' scores (two independent chains of products), one softmax over their 32
+ * keys, then both P V products, where block after block put two chains of products and
+ * two softmaxes one after the other. The same sums in another order (one rescale of
+ * o, not two). H100, 1.5B-shaped, batch 1, one call, three runs each (thirty-fifth
+ * session, branch attn-joint): Q4_K_M 1,185.3 / 1,185.9 / 1,186.2 -> 1,198.8 / 1,199.0
+ * / 1,197.5 tokens/s, block (0, 0)'s KV phase 2.43 -> 2.14 us; bf16 699.9 / 698.7 /
+ * 699.6 -> 698.6 / 698.5 / 698.4 (its attention arrives after the Q/K/V product, the
+ * copies still landing); 64 sequences 28,959 -> 29,090 (one run). */
+template <int HD>
+__device__ __forceinline__ void dec_attend_pair(const __half *st0, const __half *st1, int kb0, int kb1, int p,
+                                                int lane, int c2, const uint32_t qa[HD / 16][4], const int lo[2],
+                                                const int pos[2], float scale, float m[2], float l[2],
+                                                float o[HD / 8][4]) {
+    uint32_t kf[2][HD / 16][2][2];
+    lm_cp_async_wait_group<1>();
+    __syncwarp();
+    dec_keys_of_stage<HD>(st0, lane, kf[0]);
+    lm_cp_async_wait_group<0>();
+    __syncwarp();
+    dec_keys_of_stage<HD>(st1, lane, kf[1]);
+    float s[4][4] = {};
+#pragma unroll
+    for (int kc = 0; kc < HD / 16; kc++)
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+            mma16816(s[nt], qa[kc], kf[0][kc][nt][0], kf[0][kc][nt][1]);
+            mma16816(s[2 + nt], qa[kc], kf[1][kc][nt][0], kf[1][kc][nt][1]);
+        }
+    uint32_t vf[2][HD / 8][2];
+    dec_values_of_stage<HD>(st0, lane, vf[0]);
+    dec_values_of_stage<HD>(st1, lane, vf[1]);
+    const int valid1 = p - kb1 * TC_ROWS;
+    if (valid1 < TC_ROWS - 1) dec_mask_values<HD>(vf[1], valid1, c2);
+    const int kbs[2] = {kb0, kb1};
+    uint32_t pa[2][4], pa_lo[2][4];
+    tc_softmax_block<HD, true, 2>(s, kbs, lo, pos, scale, c2, m, l, o, pa, pa_lo);
+#pragma unroll
+    for (int j = 0; j < HD / 8; j++) {
+        mma16816(o[j], pa[0], vf[0][j][0], vf[0][j][1]);
+        mma16816(o[j], pa_lo[0], vf[0][j][0], vf[0][j][1]);
+        mma16816(o[j], pa[1], vf[1][j][0], vf[1][j][1]);
+        mma16816(o[j], pa_lo[1], vf[1][j][0], vf[1][j][1]);
+    }
 }
 
 /* LUMEN_CUDA_ATTN_PROFILE=1: the phases of block (0, 0) of each launch, their sums
@@ -412,13 +468,14 @@ __global__ void __launch_bounds__(32 * WARPS)
     if constexpr (STAGE_ALL) {
         /* a stage a block, each requested before the wait (ahead) or right after the
          * qkv_finish's barrier (the token's own block, its row p written), each waited
-         * for by its own group. Against the first block alone staged (H200, 1.5B-shaped,
-         * same call, eighteenth session): batch 1 bf16 785.7-794.2 -> 800.9-807.1
-         * tokens/s, Q4_K_M 989.8-997.8 -> 1,013.9-1,019.9; 64 sequences 33,540 ->
-         * 33,971 (one run each; 187 registers instead of 254). The 4-warp kernel (more
-         * items than twice the SMs) keeps the fragments' own loads for its later blocks:
-         * staged, its 256 sequences went 79,997-80,086 -> 78,605-78,631 (up to 4 blocks
-         * a warp, each copy waited for in turn).
+         * for by its own group; a warp's two blocks taken as one (dec_attend_pair).
+         * Against the first block alone staged (H200, 1.5B-shaped, same call, eighteenth
+         * session): batch 1 bf16 785.7-794.2 -> 800.9-807.1 tokens/s, Q4_K_M
+         * 989.8-997.8 -> 1,013.9-1,019.9; 64 sequences 33,540 -> 33,971 (one run each;
+         * 187 registers instead of 254). The 4-warp kernel (more items than twice the
+         * SMs) keeps the fragments' own loads for its later blocks: staged, its 256
+         * sequences went 79,997-80,086 -> 78,605-78,631 (up to 4 blocks a warp, each
+         * copy waited for in turn).
          * The second block had shared the first's stage, requested once the first was in
          * registers; per-warp clock points (H100, 1.5B-shaped, batch 1, thirty-fourth
          * session, branch attn-phases) had a warp 700-1,000 cycles issuing those copies
@@ -431,19 +488,17 @@ __global__ void __launch_bounds__(32 * WARPS)
          * outputs wrong): without the Q K products, the P V products or the exponentials
          * it was at most ~0.2 us shorter each, without a block's work altogether
          * (copies and ldmatrix kept) 3.2 -> 2.0 us. */
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            const int kb = kb_first + i * WARPS;
-            if (kb > kb_end) break;
-            if (i == 0 && has2) lm_cp_async_wait_group<1>();
-            else lm_cp_async_wait_group<0>();
+        if (has2) {
+            dec_attend_pair<HD>(stage, stage2, kb_first, kb_first + WARPS, p, lane, c2, qa, lo, pos, scale, m, l, o);
+        } else if (kb_first <= kb_end) {
+            lm_cp_async_wait_group<0>();
             __syncwarp(); /* every lane's copies landed */
-            dec_frags_of_stage<HD>(i ? stage2 : stage, lane, kf, vf);
-            const int valid = p - kb * TC_ROWS;
+            dec_frags_of_stage<HD>(stage, lane, kf, vf);
+            const int valid = p - kb_first * TC_ROWS;
             if (valid < TC_ROWS - 1) dec_mask_values<HD>(vf, valid, c2);
             int32_t none = 0; /* no next block: tc_attend_block reads no table */
-            tc_attend_block<HD, true, true>(K, V, table, kb, -1, none, valid, d_kv, head_off, g, c2, qa, kf, lo, pos,
-                                            scale, m, l, o, vf);
+            tc_attend_block<HD, true, true>(K, V, table, kb_first, -1, none, valid, d_kv, head_off, g, c2, qa, kf, lo,
+                                            pos, scale, m, l, o, vf);
         }
     } else {
         int kb = kb_first;

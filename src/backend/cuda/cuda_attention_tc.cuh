@@ -89,46 +89,52 @@ __device__ __forceinline__ void load_value_frag(const __half *__restrict__ Vb, i
     *b0 = pack_halves(v0, v1), *b1 = pack_halves(v2, v3);
 }
 
-/* The online softmax of one KV block's scores s (two n8 tiles, the accumulator layout:
- * row g + 8 i in entries 2i, 2i + 1) for this thread's rows g and g + 8, whose keys
- * lie in [lo[i], pos[i]]: the running max m and sum l updated, the output o rescaled,
- * and the weights P as the A fragment pa of O += P V. A row's 16 scores sit in the 4
- * lanes of its quad; l sums the weights actually applied. P32 false: P rounded to f16,
+/* The online softmax of NB KV blocks' scores s (two n8 tiles a block, block b's
+ * positions from kbs[b] * TC_ROWS; the accumulator layout: row g + 8 i in entries 2i,
+ * 2i + 1) for this thread's rows g and g + 8, whose keys lie in [lo[i], pos[i]]: the
+ * running max m and sum l updated once for all NB blocks, the output o rescaled, and
+ * block b's weights P as the A fragment pa[b] of O += P V. A row's 16 scores a block
+ * sit in the 4 lanes of its quad; l sums the weights actually applied. P32 false: P rounded to f16,
  * as the CPU reference rounds its softmax weights. P32 true: P kept to about f32
  * precision as two f16 parts, pa (the weight rounded) and pa_lo (what rounding lost),
  * each taken through the product: the result then differs from the scalar kernel's
  * f32 weights by summation order only. */
-template <int HD, bool P32>
-__device__ __forceinline__ void tc_softmax_block(const float s[2][4], int kb, const int lo[2], const int pos[2],
-                                                 float scale, int c2, float m[2], float l[2], float o[HD / 8][4],
-                                                 uint32_t pa[4], uint32_t pa_lo[4]) {
+template <int HD, bool P32, int NB = 1>
+__device__ __forceinline__ void tc_softmax_block(const float s[2 * NB][4], const int kbs[NB], const int lo[2],
+                                                 const int pos[2], float scale, int c2, float m[2], float l[2],
+                                                 float o[HD / 8][4], uint32_t pa[NB][4], uint32_t pa_lo[NB][4]) {
 #pragma unroll
     for (int i = 0; i < 2; i++) {
-        float sv[4];
+        float sv[4 * NB];
 #pragma unroll
-        for (int nt = 0; nt < 2; nt++)
+        for (int b = 0; b < NB; b++)
 #pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int p = kb * TC_ROWS + nt * 8 + c2 + e;
-                const bool ok = p >= lo[i] && p <= pos[i];
-                sv[2 * nt + e] = ok ? __fmul_rn(scale, s[nt][2 * i + e]) : -INFINITY;
-            }
+            for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int p = kbs[b] * TC_ROWS + nt * 8 + c2 + e;
+                    const bool ok = p >= lo[i] && p <= pos[i];
+                    sv[4 * b + 2 * nt + e] = ok ? __fmul_rn(scale, s[2 * b + nt][2 * i + e]) : -INFINITY;
+                }
         float mx = fmaxf(fmaxf(sv[0], sv[1]), fmaxf(sv[2], sv[3]));
+#pragma unroll
+        for (int b = 1; b < NB; b++)
+            mx = fmaxf(mx, fmaxf(fmaxf(sv[4 * b], sv[4 * b + 1]), fmaxf(sv[4 * b + 2], sv[4 * b + 3])));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         mx = fmaxf(mx, m[i]);
         /* every exponential taken, then the -inf ones dropped (the same values): with
          * `x == -inf ? 0 : expf(...)` ptxas gave each its own branch, and a row's five
          * ran one after another (SASS, sm_90a) */
-        float ex[5];
+        float ex[4 * NB + 1];
 #pragma unroll
-        for (int k = 0; k < 4; k++) ex[k] = expf(sv[k] - mx);
-        ex[4] = expf(m[i] - mx);
-        const float corr = m[i] == -INFINITY ? 0.0f : ex[4];
-        __half ph[4], pl[4];
+        for (int k = 0; k < 4 * NB; k++) ex[k] = expf(sv[k] - mx);
+        ex[4 * NB] = expf(m[i] - mx);
+        const float corr = m[i] == -INFINITY ? 0.0f : ex[4 * NB];
+        __half ph[4 * NB], pl[4 * NB];
         float sum = 0.0f;
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
+        for (int k = 0; k < 4 * NB; k++) {
             const float e = sv[k] == -INFINITY ? 0.0f : ex[k];
             ph[k] = __float2half_rn(e);
             if constexpr (P32) {
@@ -144,9 +150,14 @@ __device__ __forceinline__ void tc_softmax_block(const float s[2][4], int kb, co
         m[i] = mx;
 #pragma unroll
         for (int j = 0; j < HD / 8; j++) o[j][2 * i] *= corr, o[j][2 * i + 1] *= corr;
-        pa[i] = pack_halves(ph[0], ph[1]);     /* keys c2, c2+1      (n tile 0) */
-        pa[2 + i] = pack_halves(ph[2], ph[3]); /* keys 8+c2, 8+c2+1 (n tile 1) */
-        if constexpr (P32) pa_lo[i] = pack_halves(pl[0], pl[1]), pa_lo[2 + i] = pack_halves(pl[2], pl[3]);
+#pragma unroll
+        for (int b = 0; b < NB; b++) {
+            pa[b][i] = pack_halves(ph[4 * b], ph[4 * b + 1]);         /* keys c2, c2+1      (n tile 0) */
+            pa[b][2 + i] = pack_halves(ph[4 * b + 2], ph[4 * b + 3]); /* keys 8+c2, 8+c2+1 (n tile 1) */
+            if constexpr (P32)
+                pa_lo[b][i] = pack_halves(pl[4 * b], pl[4 * b + 1]),
+                pa_lo[b][2 + i] = pack_halves(pl[4 * b + 2], pl[4 * b + 3]);
+        }
     }
 }
 
@@ -215,21 +226,22 @@ __device__ __forceinline__ void tc_attend_block(const __half *__restrict__ K, co
                 mma16816(s[nt], qa[kc], b0, b1);
             }
     }
-    uint32_t pa[4], pa_lo[4];
-    tc_softmax_block<HD, P32>(s, kb, lo, pos, scale, c2, m, l, o, pa, pa_lo);
+    uint32_t pa[1][4], pa_lo[1][4];
+    const int kbs[1] = {kb};
+    tc_softmax_block<HD, P32, 1>(s, kbs, lo, pos, scale, c2, m, l, o, pa, pa_lo);
     if constexpr (early) {
 #pragma unroll
         for (int j = 0; j < HD / 8; j++) {
-            mma16816(o[j], pa, vf[j][0], vf[j][1]);
-            if constexpr (P32) mma16816(o[j], pa_lo, vf[j][0], vf[j][1]);
+            mma16816(o[j], pa[0], vf[j][0], vf[j][1]);
+            if constexpr (P32) mma16816(o[j], pa_lo[0], vf[j][0], vf[j][1]);
         }
     } else {
 #pragma unroll
         for (int j = 0; j < HD / 8; j++) {
             uint32_t b0, b1;
             load_value_frag(Vb, j, valid, d_kv, g, c2, &b0, &b1);
-            mma16816(o[j], pa, b0, b1);
-            if constexpr (P32) mma16816(o[j], pa_lo, b0, b1);
+            mma16816(o[j], pa[0], b0, b1);
+            if constexpr (P32) mma16816(o[j], pa_lo[0], b0, b1);
         }
     }
     blk = early ? blk_next : next >= 0 ? table[next] : 0;
