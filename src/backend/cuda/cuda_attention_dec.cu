@@ -106,6 +106,12 @@ __host__ __device__ constexpr size_t dec_stage_bytes() {
     return (size_t)dec_stages_per_warp<HD, WARPS>() * WARPS * dec_stage_warp_bytes<HD>();
 }
 
+/* Stage i: warp i % WARPS's (i / WARPS)-th, which holds the split's i-th KV block */
+template <int HD>
+__device__ __forceinline__ __half *dec_stage_of(uint4 *stages, int i) {
+    return (__half *)stages + i * (dec_stage_warp_bytes<HD>() / sizeof(__half));
+}
+
 /* Row r of warp w's output state in its stage (stages: the kernel's dynamic shared
  * memory) */
 template <int HD>
@@ -122,12 +128,14 @@ __device__ __forceinline__ float *dec_state_row(uint4 *stages, int w, int r) {
  * on the step's chain. A lane waits for its copies before the warp's ldmatrix. */
 template <int HD>
 __device__ __forceinline__ void dec_stage_block(__half *st, const __half *__restrict__ K, const __half *__restrict__ V,
-                                                int32_t blk, int64_t d_kv, int64_t head_off, int lane) {
+                                                int32_t blk, int64_t d_kv, int64_t head_off, int lane,
+                                                int rows = TC_ROWS) {
     constexpr int CH = HD / 8, R = dec_stage_row<HD>();
     const __half *Kb = K + (int64_t)blk * TC_ROWS * d_kv + head_off, *Vb = V + (int64_t)blk * TC_ROWS * d_kv + head_off;
 #pragma unroll
     for (int i = lane; i < TC_ROWS * CH; i += 32) {
         const int row = i / CH, ch = i % CH;
+        if (row >= rows) continue; /* rows: the first rows only (the token's own block) */
         lm_cp_async16(st + row * R + ch * 8, Kb + row * d_kv + ch * 8);
         lm_cp_async16(st + (TC_ROWS + row) * R + ch * 8, Vb + row * d_kv + ch * 8);
     }
@@ -331,7 +339,7 @@ template <int HD, int THREADS, int MAXG>
 __device__ void dec_finish(const qf_args &f, float c, float s, int t, int hk, int h0, int group, bool first, bool last,
                            int64_t slot, float (*q_fin)[dec_f32_row<HD>()],
                            const float b0[dec_finish_passes<HD, THREADS, MAXG>()],
-                           const float b1[dec_finish_passes<HD, THREADS, MAXG>()]) {
+                           const float b1[dec_finish_passes<HD, THREADS, MAXG>()], __half *own_st, int own_row) {
     static_assert(THREADS % (HD / 2) == 0, "a thread's pairs share their index in the row");
     constexpr int ROWS = dec_finish_rows<HD, THREADS>(), PER = dec_finish_passes<HD, THREADS, MAXG>();
     const int q_dim = f.n_head * HD, kv_dim = f.n_head_kv * HD, half = f.n_rot / 2, j = threadIdx.x % (HD / 2);
@@ -373,6 +381,10 @@ __device__ void dec_finish(const qf_args &f, float c, float s, int t, int hk, in
             __half *cache = (__half *)(which ? f.V : f.K);
             dst[i + e0] = v0, dst[i + e1] = v1;
             cache[cc + e0] = __float2half_rn(v0), cache[cc + e1] = __float2half_rn(v1);
+            if (own_st) { /* the row in its warp's stage too (own_st: the kernel's own_smem) */
+                __half *sr = own_st + (which * TC_ROWS + own_row) * dec_stage_row<HD>();
+                sr[e0] = __float2half_rn(v0), sr[e1] = __float2half_rn(v1);
+            }
         }
     }
     /* q_fin for every warp; the warps' key and value loads below read the slot: only
@@ -425,25 +437,36 @@ __global__ void __launch_bounds__(32 * WARPS)
      * the wait, under the kernel before and this one's qkv_finish */
     const int64_t head_off = (int64_t)hk * HD;
     const int kb_first = kb_begin + warp;
-    const bool early = ahead && tc_early(HD) && kb_first <= kb_end && kb_first < kb_last;
+    /* STAGE_ALL with the qkv_finish here (own_smem): the token's own block's rows before
+     * p, written by earlier steps, requested before the wait as well, and row p written
+     * into the warp's stage by dec_finish as it goes to the cache, so no warp requests
+     * copies after the wait. Against requesting the own block after the qkv_finish
+     * (H100, 1.5B-shaped, batch 1, one call, four runs each, thirty-fifth session,
+     * branch attn-more, LUMEN_X_OWN=1): bf16 702.9 / 701.2 / 703.0 / 702.8 (main) ->
+     * 706.0 / 705.8 / 706.0 / 705.4 tokens/s, block (0, 0)'s KV phase 2.55 -> 2.07 us;
+     * Q4_K_M 2.18 -> 2.12 us, with the merge below 1,183.5 -> 1,191.0 (medians). */
+    constexpr bool STAGE_ALL = tc_early(HD) && WARPS == 8;
+    const bool own_smem = STAGE_ALL && FIN && ahead && split == n_split - 1;
+    const int own_row = p % TC_ROWS;
+    const bool early = ahead && tc_early(HD) && kb_first <= kb_end && (kb_first < kb_last || own_smem);
     uint32_t kf[HD / 16][2][2], vf[tc_early(HD) ? HD / 8 : 1][2];
     /* the first block's table entry before the wait as well, early or not: a warp
      * starting on the token's own block then reads no table after the qkv_finish */
     int32_t blk = kb_first <= kb_end ? table[kb_first] : 0;
     /* STAGE_ALL: its second block's too, so its copies wait on no table read */
-    constexpr bool STAGE_ALL = tc_early(HD) && WARPS == 8;
     static_assert(!STAGE_ALL || dec_stages_per_warp<HD, WARPS>() == 2, "a warp's two blocks, a stage and a group each");
     const bool has2 = STAGE_ALL && kb_first + WARPS <= kb_end;
     const int32_t blk2 = has2 ? table[kb_first + WARPS] : 0;
     extern __shared__ __align__(16) uint4 dec_stage_words[]; /* dec_stage_bytes */
-    __half *const stage = (__half *)dec_stage_words + warp * (dec_stage_warp_bytes<HD>() / sizeof(__half));
-    __half *const stage2 = STAGE_ALL ? stage + WARPS * (dec_stage_warp_bytes<HD>() / sizeof(__half)) : nullptr;
+    __half *const stage = dec_stage_of<HD>(dec_stage_words, warp);
+    __half *const stage2 = STAGE_ALL ? dec_stage_of<HD>(dec_stage_words, warp + WARPS) : nullptr;
     /* STAGE_ALL: a commit group a block, block 0's first (early2 implies early) */
-    const bool early2 = has2 && ahead && kb_first + WARPS < kb_last;
-    if (early) dec_stage_block<HD>(stage, K, V, blk, d_kv, head_off, lane);
+    const bool early2 = has2 && ahead && (kb_first + WARPS < kb_last || own_smem);
+    const int rows1 = kb_first == kb_last ? own_row : TC_ROWS, rows2 = kb_first + WARPS == kb_last ? own_row : TC_ROWS;
+    if (early) dec_stage_block<HD>(stage, K, V, blk, d_kv, head_off, lane, rows1);
     if constexpr (STAGE_ALL) {
         if (early) lm_cp_async_commit();
-        if (early2) dec_stage_block<HD>(stage2, K, V, blk2, d_kv, head_off, lane), lm_cp_async_commit();
+        if (early2) dec_stage_block<HD>(stage2, K, V, blk2, d_kv, head_off, lane, rows2), lm_cp_async_commit();
     }
     float fb0[FIN ? dec_finish_passes<HD, THREADS, MAXG>() : 1], fb1[FIN ? dec_finish_passes<HD, THREADS, MAXG>() : 1];
     if constexpr (FIN) dec_finish_biases<HD, THREADS, MAXG>(fin, hk, h0, group, split == n_split - 1, fb0, fb1);
@@ -452,7 +475,9 @@ __global__ void __launch_bounds__(32 * WARPS)
     if (profiled) stamp[2] = lm_cuda_clock_ns();
     if constexpr (FIN)
         dec_finish<HD, THREADS, MAXG>(fin, rc, rs, t, hk, h0, group, split == 0, split == n_split - 1,
-                                      (int64_t)table[p / TC_ROWS] * TC_ROWS + p % TC_ROWS, q_fin, fb0, fb1);
+                                      (int64_t)table[p / TC_ROWS] * TC_ROWS + p % TC_ROWS, q_fin, fb0, fb1,
+                                      own_smem ? dec_stage_of<HD>(dec_stage_words, kb_last - kb_begin) : nullptr,
+                                      own_row);
     if (profiled) stamp[3] = lm_cuda_clock_ns();
     if constexpr (STAGE_ALL) { /* the blocks not requested before the wait (the token's own), in order */
         if (!early && kb_first <= kb_end)
@@ -535,38 +560,55 @@ __global__ void __launch_bounds__(32 * WARPS)
     }
     __syncthreads();
     if (profiled) stamp[4] = lm_cuda_clock_ns();
-    for (int e = threadIdx.x; e < group * HD; e += THREADS) {
-        const int r = e / HD, d = e % HD;
-        /* every warp's state read and every weight taken before the sums in warp order,
-         * a warp without blocks dropped by selects (the same sums): with `if (mw ==
-         * -inf) continue` each warp had a branch, its shared read and exponential inside
-         * it waiting on the warp before (SASS, sm_90a). Each row's weights and sum
-         * worked out once instead, by a thread a row behind one more barrier while the
-         * states were written (branch merge-wt, thirty-fourth session, H100): this loop
-         * 0.93 -> 0.64 us, but the phase before it 2.61 -> 2.89, tokens/s within 0.3%;
-         * not kept. */
-        float mw[WARPS], lw[WARPS], ow[WARPS], c[WARPS];
-        float M = -INFINITY;
+    /* a row's elements by THREADS / group threads: each thread's weights (every warp's
+     * state weighed by exp(m - M), a warp without blocks dropped by selects) taken once
+     * for its row, then up to 4 elements summed in warp order before their stores (a
+     * store through a generic pointer keeps the shared reads after it behind it). With
+     * `if (mw == -inf) continue` each warp had a branch, its shared read and exponential
+     * inside it waiting on the warp before (SASS, sm_90a). Against every element taking
+     * its row's 8 weights again (H100, 1.5B-shaped, batch 1, one call, four runs each,
+     * thirty-fifth session, branch attn-more, measured with the own row below): the
+     * merge 1.34 -> 1.21 us Q4_K_M, 1.37 -> 1.14 bf16 (that tree's merge was slower than
+     * main's 0.88 for its knobs). Each row's weights worked out by one thread behind one
+     * more barrier instead (branch merge-wt, thirty-fourth session, H100): the merge
+     * 0.93 -> 0.64 us, but the phase before it 2.61 -> 2.89, tokens/s within 0.3%. */
+    const int tpr = THREADS / group, r = threadIdx.x / tpr, j = threadIdx.x % tpr;
+    if (r < group) {
+        float mw[WARPS], c[WARPS], M = -INFINITY, L = 0.0f;
 #pragma unroll
-        for (int w = 0; w < WARPS; w++) {
-            mw[w] = ml_sh[w][r][0], lw[w] = ml_sh[w][r][1], ow[w] = dec_state_row<HD>(dec_stage_words, w, r)[d];
-            M = fmaxf(M, mw[w]);
-        }
+        for (int w = 0; w < WARPS; w++) mw[w] = ml_sh[w][r][0], M = fmaxf(M, mw[w]);
 #pragma unroll
         for (int w = 0; w < WARPS; w++) c[w] = expf(mw[w] - M);
-        float L = 0.0f, O = 0.0f;
 #pragma unroll
         for (int w = 0; w < WARPS; w++) {
-            const bool none = mw[w] == -INFINITY;
-            const float Lw = fmaf(lw[w], c[w], L), Ow = fmaf(ow[w], c[w], O);
-            L = none ? L : Lw, O = none ? O : Ow;
+            const float Lw = fmaf(ml_sh[w][r][1], c[w], L);
+            L = mw[w] == -INFINITY ? L : Lw;
         }
-        if (n_split == 1) {
-            store_out(out, outb, ((int64_t)t * n_head + h0 + r) * HD + d, O / L);
-        } else {
-            float *pp = part + (((size_t)t * n_head + h0 + r) * max_splits + split) * (HD + 2);
-            if (d == 0) pp[0] = M, pp[1] = L;
-            pp[2 + d] = O;
+        for (int d0 = j; d0 < HD; d0 += 4 * tpr) {
+            float O[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                O[u] = 0.0f;
+                const int d = d0 + u * tpr;
+                if (d >= HD) continue;
+#pragma unroll
+                for (int w = 0; w < WARPS; w++) {
+                    const float Ow = fmaf(dec_state_row<HD>(dec_stage_words, w, r)[d], c[w], O[u]);
+                    O[u] = mw[w] == -INFINITY ? O[u] : Ow;
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int d = d0 + u * tpr;
+                if (d >= HD) continue;
+                if (n_split == 1) {
+                    store_out(out, outb, ((int64_t)t * n_head + h0 + r) * HD + d, O[u] / L);
+                } else {
+                    float *pp = part + (((size_t)t * n_head + h0 + r) * max_splits + split) * (HD + 2);
+                    if (d == 0) pp[0] = M, pp[1] = L;
+                    pp[2 + d] = O[u];
+                }
+            }
         }
     }
     if (profiled) {
