@@ -444,7 +444,9 @@ __global__ void __launch_bounds__(32 * WARPS)
      * (H100, 1.5B-shaped, batch 1, one call, four runs each, thirty-fifth session,
      * branch attn-more, LUMEN_X_OWN=1): bf16 702.9 / 701.2 / 703.0 / 702.8 (main) ->
      * 706.0 / 705.8 / 706.0 / 705.4 tokens/s, block (0, 0)'s KV phase 2.55 -> 2.07 us;
-     * Q4_K_M 2.18 -> 2.12 us, with the merge below 1,183.5 -> 1,191.0 (medians). */
+     * Q4_K_M 2.18 -> 2.12 us, with the merge below 1,183.5 -> 1,191.0 (medians). This
+     * form (no knobs) was not yet measured against the commit before it: no device
+     * time was left (docs/BENCHMARKS.md, thirty-fifth session, has the call). */
     constexpr bool STAGE_ALL = tc_early(HD) && WARPS == 8;
     const bool own_smem = STAGE_ALL && FIN && ahead && split == n_split - 1;
     const int own_row = p % TC_ROWS;
@@ -491,9 +493,10 @@ __global__ void __launch_bounds__(32 * WARPS)
                       g, c2, qa, o, m, l);
 
     if constexpr (STAGE_ALL) {
-        /* a stage a block, each requested before the wait (ahead) or right after the
-         * qkv_finish's barrier (the token's own block, its row p written), each waited
-         * for by its own group; a warp's two blocks taken as one (dec_attend_pair).
+        /* a stage a block, each requested before the wait (ahead; the token's own
+         * block's row p then comes from dec_finish: own_smem) or else right after the
+         * qkv_finish's barrier, each waited for by its own commit group; a warp's two
+         * blocks taken as one (dec_attend_pair).
          * Against the first block alone staged (H200, 1.5B-shaped, same call, eighteenth
          * session): batch 1 bf16 785.7-794.2 -> 800.9-807.1 tokens/s, Q4_K_M
          * 989.8-997.8 -> 1,013.9-1,019.9; 64 sequences 33,540 -> 33,971 (one run each;
@@ -562,16 +565,17 @@ __global__ void __launch_bounds__(32 * WARPS)
     if (profiled) stamp[4] = lm_cuda_clock_ns();
     /* a row's elements by THREADS / group threads: each thread's weights (every warp's
      * state weighed by exp(m - M), a warp without blocks dropped by selects) taken once
-     * for its row, then up to 4 elements summed in warp order before their stores (a
-     * store through a generic pointer keeps the shared reads after it behind it). With
+     * for its row, then up to 4 elements summed in warp order before their stores. With
      * `if (mw == -inf) continue` each warp had a branch, its shared read and exponential
      * inside it waiting on the warp before (SASS, sm_90a). Against every element taking
      * its row's 8 weights again (H100, 1.5B-shaped, batch 1, one call, four runs each,
-     * thirty-fifth session, branch attn-more, measured with the own row below): the
+     * thirty-fifth session, branch attn-more, measured with the own row above): the
      * merge 1.34 -> 1.21 us Q4_K_M, 1.37 -> 1.14 bf16 (that tree's merge was slower than
-     * main's 0.88 for its knobs). Each row's weights worked out by one thread behind one
-     * more barrier instead (branch merge-wt, thirty-fourth session, H100): the merge
-     * 0.93 -> 0.64 us, but the phase before it 2.61 -> 2.89, tokens/s within 0.3%. */
+     * main's 0.88 for its knobs); 4 elements at a time with every element's weights
+     * (so 4 x 24 shared reads in flight) 1.34 -> 2.09 us, Q4_K_M -3%. Each row's
+     * weights worked out by one thread behind one more barrier instead (branch
+     * merge-wt, thirty-fourth session, H100): the merge 0.93 -> 0.64 us, but the phase
+     * before it 2.61 -> 2.89, tokens/s within 0.3%. */
     const int tpr = THREADS / group, r = threadIdx.x / tpr, j = threadIdx.x % tpr;
     if (r < group) {
         float mw[WARPS], c[WARPS], M = -INFINITY, L = 0.0f;
