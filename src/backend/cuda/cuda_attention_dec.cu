@@ -519,9 +519,7 @@ __global__ void __launch_bounds__(32 * WARPS)
         if (has2) {
             dec_attend_pair<HD>(stage, stage2, kb_first, kb_first + WARPS, p, lane, c2, qa, lo, pos, scale, m, l, o);
         } else if (kb_first <= kb_end) {
-            lm_cp_async_wait_group<0>();
-            __syncwarp(); /* every lane's copies landed */
-            dec_frags_of_stage<HD>(stage, lane, kf, vf);
+            dec_take_stage<HD>(stage, lane, kf, vf);
             const int valid = p - kb_first * TC_ROWS;
             if (valid < TC_ROWS - 1) dec_mask_values<HD>(vf, valid, c2);
             int32_t none = 0; /* no next block: tc_attend_block reads no table */
