@@ -444,9 +444,10 @@ __global__ void __launch_bounds__(32 * WARPS)
      * (H100, 1.5B-shaped, batch 1, one call, four runs each, thirty-fifth session,
      * branch attn-more, LUMEN_X_OWN=1): bf16 702.9 / 701.2 / 703.0 / 702.8 (main) ->
      * 706.0 / 705.8 / 706.0 / 705.4 tokens/s, block (0, 0)'s KV phase 2.55 -> 2.07 us;
-     * Q4_K_M 2.18 -> 2.12 us, with the merge below 1,183.5 -> 1,191.0 (medians). This
-     * form (no knobs) was not yet measured against the commit before it: no device
-     * time was left (docs/BENCHMARKS.md, thirty-fifth session, has the call). */
+     * Q4_K_M 2.18 -> 2.12 us. This form against the commit before it (56668f2), one
+     * H100, two rounds (thirty-sixth session, branch own-only): bf16 706.0 / 706.8 ->
+     * 714.8 / 713.8 tokens/s, KV phase 2.64 -> 2.04 us; Q4_K_M 1,175.3 / 1,192.7 ->
+     * 1,185.9 / 1,193.8, 2.14 -> 2.06 us. */
     constexpr bool STAGE_ALL = tc_early(HD) && WARPS == 8;
     const bool own_smem = STAGE_ALL && FIN && ahead && split == n_split - 1;
     const int own_row = p % TC_ROWS;
@@ -561,56 +562,43 @@ __global__ void __launch_bounds__(32 * WARPS)
     }
     __syncthreads();
     if (profiled) stamp[4] = lm_cuda_clock_ns();
-    /* a row's elements by THREADS / group threads: each thread's weights (every warp's
-     * state weighed by exp(m - M), a warp without blocks dropped by selects) taken once
-     * for its row, then up to 4 elements summed in warp order before their stores. With
-     * `if (mw == -inf) continue` each warp had a branch, its shared read and exponential
-     * inside it waiting on the warp before (SASS, sm_90a). Against every element taking
-     * its row's 8 weights again (H100, 1.5B-shaped, batch 1, one call, four runs each,
-     * thirty-fifth session, branch attn-more, measured with the own row above): the
-     * merge 1.34 -> 1.21 us Q4_K_M, 1.37 -> 1.14 bf16 (that tree's merge was slower than
-     * main's 0.88 for its knobs); 4 elements at a time with every element's weights
-     * (so 4 x 24 shared reads in flight) 1.34 -> 2.09 us, Q4_K_M -3%. Each row's
-     * weights worked out by one thread behind one more barrier instead (branch
-     * merge-wt, thirty-fourth session, H100): the merge 0.93 -> 0.64 us, but the phase
-     * before it 2.61 -> 2.89, tokens/s within 0.3%. */
-    const int tpr = THREADS / group, r = threadIdx.x / tpr, j = threadIdx.x % tpr;
-    if (r < group) {
-        float mw[WARPS], c[WARPS], M = -INFINITY, L = 0.0f;
-#pragma unroll
-        for (int w = 0; w < WARPS; w++) mw[w] = ml_sh[w][r][0], M = fmaxf(M, mw[w]);
-#pragma unroll
-        for (int w = 0; w < WARPS; w++) c[w] = expf(mw[w] - M);
+    for (int e = threadIdx.x; e < group * HD; e += THREADS) {
+        const int r = e / HD, d = e % HD;
+        /* every warp's state read and every weight taken before the sums in warp order,
+         * a warp without blocks dropped by selects (the same sums): with `if (mw ==
+         * -inf) continue` each warp had a branch, its shared read and exponential inside
+         * it waiting on the warp before (SASS, sm_90a). Each row's weights taken once
+         * by a thread for up to 4 of the row's elements instead (3ca5c72), measured in a
+         * tree of knobs first, was slower in main's form: H100, 1.5B-shaped, batch 1, one
+         * machine, five rounds (thirty-sixth session, against branch own-only, this
+         * form): this loop 0.98 -> 1.21 us Q4_K_M, 0.94 -> 1.07 bf16 (block (0, 0)),
+         * Q4_K_M 1,193.8 -> 1,188.6 tokens/s, bf16 714.7 -> 713.2 (medians). 4 elements
+         * at a time with every element's weights: 1.34 -> 2.09 us, Q4_K_M -3%. Each
+         * row's weights worked out by one thread behind one more barrier (branch
+         * merge-wt, thirty-fourth session): this loop 0.93 -> 0.64 us, but the phase
+         * before it 2.61 -> 2.89, tokens/s within 0.3%. */
+        float mw[WARPS], lw[WARPS], ow[WARPS], c[WARPS];
+        float M = -INFINITY;
 #pragma unroll
         for (int w = 0; w < WARPS; w++) {
-            const float Lw = fmaf(ml_sh[w][r][1], c[w], L);
-            L = mw[w] == -INFINITY ? L : Lw;
+            mw[w] = ml_sh[w][r][0], lw[w] = ml_sh[w][r][1], ow[w] = dec_state_row<HD>(dec_stage_words, w, r)[d];
+            M = fmaxf(M, mw[w]);
         }
-        for (int d0 = j; d0 < HD; d0 += 4 * tpr) {
-            float O[4];
 #pragma unroll
-            for (int u = 0; u < 4; u++) {
-                O[u] = 0.0f;
-                const int d = d0 + u * tpr;
-                if (d >= HD) continue;
+        for (int w = 0; w < WARPS; w++) c[w] = expf(mw[w] - M);
+        float L = 0.0f, O = 0.0f;
 #pragma unroll
-                for (int w = 0; w < WARPS; w++) {
-                    const float Ow = fmaf(dec_state_row<HD>(dec_stage_words, w, r)[d], c[w], O[u]);
-                    O[u] = mw[w] == -INFINITY ? O[u] : Ow;
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                const int d = d0 + u * tpr;
-                if (d >= HD) continue;
-                if (n_split == 1) {
-                    store_out(out, outb, ((int64_t)t * n_head + h0 + r) * HD + d, O[u] / L);
-                } else {
-                    float *pp = part + (((size_t)t * n_head + h0 + r) * max_splits + split) * (HD + 2);
-                    if (d == 0) pp[0] = M, pp[1] = L;
-                    pp[2 + d] = O[u];
-                }
-            }
+        for (int w = 0; w < WARPS; w++) {
+            const bool none = mw[w] == -INFINITY;
+            const float Lw = fmaf(lw[w], c[w], L), Ow = fmaf(ow[w], c[w], O);
+            L = none ? L : Lw, O = none ? O : Ow;
+        }
+        if (n_split == 1) {
+            store_out(out, outb, ((int64_t)t * n_head + h0 + r) * HD + d, O / L);
+        } else {
+            float *pp = part + (((size_t)t * n_head + h0 + r) * max_splits + split) * (HD + 2);
+            if (d == 0) pp[0] = M, pp[1] = L;
+            pp[2 + d] = O;
         }
     }
     if (profiled) {

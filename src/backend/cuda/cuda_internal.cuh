@@ -150,6 +150,7 @@ typedef struct lm_cuda_backend {
     bool attn_dec_ahead;    /* its first KV blocks loaded before the PDL wait (LUMEN_CUDA_ATTN_DEC_AHEAD=0: not) */
     unsigned attn_dec_smem; /* its forms whose dynamic shared memory was allowed (cuda_attention_dec.cu) */
     int smem_optin;         /* shared memory a block may ask for (bytes)            */
+    int norm_alone;         /* the one-row norm alone on its SM: 1, -1 refused, 0 unasked (cuda_rms_norm.cu) */
     int carveout;           /* preferred shared-memory carveout, % (lm_cuda_launch_with; -1: the driver's) */
     const void *carveout_set[LM_CUDA_CARVEOUT_KERNELS]; /* the kernels it is set on */
     int carveout_n;

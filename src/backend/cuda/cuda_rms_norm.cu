@@ -51,6 +51,32 @@ __global__ void __launch_bounds__(NORM_THREADS)
                                          add_dst ? add_dst + r : NULL, outl ? outl + r : NULL);
 }
 
+/* A one-row norm (a decode step's, one sequence) is launched with this much dynamic
+ * shared memory, which it does not use: its block then takes an SM no other kernel's
+ * block is on, reconfigured for it, and the products' blocks after it find no room
+ * there. H100, 1.5B-shaped, batch 1, three calls on one machine (thirty-sixth session,
+ * branch x-alone, LUMEN_X_NORM_PAD=222): bf16 714.3 -> 719.3, 714.8 -> 719.9 tokens/s
+ * (medians of three rounds), Q4_K_M 1,201.6 -> 1,203.2, 1,201.7 -> 1,202.6. Why bf16
+ * gains is not established (the blocks it keeps off its SM, or the SM it waits for).
+ * The decode attention padded the same way (LUMEN_X_ATTN_PAD=222, so no output
+ * product's block shares its SMs): Q4_K_M 1,188.6 -> 1,198.8 but bf16 713.2 -> 708.8;
+ * not kept. */
+enum { NORM_ALONE_SMEM = 222 * 1024 };
+
+/* NORM_ALONE_SMEM where the device lets a block ask for it, else 0 (asked once) */
+static size_t norm_alone_smem(lm_cuda_backend *cu) {
+    if (!cu->norm_alone) {
+        cudaFuncAttributes fa;
+        const bool ok = cudaFuncGetAttributes(&fa, norm_rows_kernel) == cudaSuccess &&
+                        (size_t)cu->smem_optin >= NORM_ALONE_SMEM + fa.sharedSizeBytes &&
+                        cudaFuncSetAttribute(norm_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             NORM_ALONE_SMEM) == cudaSuccess;
+        if (!ok) cudaGetLastError(); /* an optimization refused, not an error */
+        cu->norm_alone = ok ? 1 : -1;
+    }
+    return cu->norm_alone > 0 ? NORM_ALONE_SMEM : 0;
+}
+
 /* y += add (add not NULL), then out = rms_norm(y) * w, n rows of d; out also in bf16
  * for the product after it (lm_cuda_gemm_input). In the precise mode add may still be
  * a product's two halves (lm_cuda_sum_take), summed here, and the hand-off has its lo
@@ -73,8 +99,8 @@ static void norm_rows(lm_backend *b, float *y, const float *add, const float *w,
                            add_lo ? add_lo + off : NULL, add_dst ? add_dst + off : NULL, w, d, eps, out + off,
                            outb ? outb + off : NULL, outl ? outl + off : NULL);
         else
-            lm_cuda_launch(cu, norm_rows_kernel, (unsigned)nn, NORM_THREADS, y + off, add ? add + off : NULL, w, d,
-                           eps, out + off, outb ? outb + off : NULL);
+            lm_cuda_launch_smem(cu, norm_rows_kernel, (unsigned)nn, NORM_THREADS, nn == 1 ? norm_alone_smem(cu) : 0,
+                                y + off, add ? add + off : NULL, w, d, eps, out + off, outb ? outb + off : NULL);
         if (!lm_cuda_launched(cu, "norm_rows_kernel")) return;
     }
 }
