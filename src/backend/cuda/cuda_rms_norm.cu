@@ -52,9 +52,9 @@ __global__ void __launch_bounds__(NORM_THREADS)
 }
 
 /* A one-row norm (a decode step's, one sequence) is launched with this much dynamic
- * shared memory, which it does not use: its block then takes an SM no other kernel's
- * block is on, reconfigured for it, and the products' blocks after it find no room
- * there. H100, 1.5B-shaped, batch 1, three calls on one machine (thirty-sixth session,
+ * shared memory, which it does not use: its block then needs an SM reconfigured for
+ * it (one no other kernel's block was on), and of the products' blocks after it only
+ * those needing under ~5 KB of shared memory fit beside it. H100, 1.5B-shaped, batch 1, three calls on one machine (thirty-sixth session,
  * branch x-alone, LUMEN_X_NORM_PAD=222): bf16 714.3 -> 719.3, 714.8 -> 719.9 tokens/s
  * (medians of three rounds), Q4_K_M 1,201.6 -> 1,203.2, 1,201.7 -> 1,202.6. Why bf16
  * gains is not established (the blocks it keeps off its SM, or the SM it waits for).
