@@ -54,22 +54,21 @@ __global__ void __launch_bounds__(NORM_THREADS)
 /* A one-row norm (a decode step's, one sequence) is launched with this much dynamic
  * shared memory, which it does not use: its block then needs an SM reconfigured for
  * it (one no other kernel's block was on), and of the products' blocks after it only
- * those needing under ~5 KB of shared memory fit beside it. H100, 1.5B-shaped, batch 1, three calls on one machine (thirty-sixth session,
- * branch x-alone, LUMEN_X_NORM_PAD=222): bf16 714.3 -> 719.3, 714.8 -> 719.9 tokens/s
- * (medians of three rounds), Q4_K_M 1,201.6 -> 1,203.2, 1,201.7 -> 1,202.6. Why bf16
- * gains is not established (the blocks it keeps off its SM, or the SM it waits for).
- * The decode attention padded the same way (LUMEN_X_ATTN_PAD=222, so no output
- * product's block shares its SMs): Q4_K_M 1,188.6 -> 1,198.8 but bf16 713.2 -> 708.8;
- * not kept. */
+ * those needing under ~5 KB of shared memory fit beside it. H100, 1.5B-shaped, batch
+ * 1, three calls on one machine (thirty-sixth session, branch x-alone,
+ * LUMEN_X_NORM_PAD=222): bf16 714.3 -> 719.3, 714.8 -> 719.9 tokens/s (medians of
+ * three rounds), Q4_K_M 1,201.6 -> 1,203.2, 1,201.7 -> 1,202.6. Why bf16 gains is not
+ * established (the blocks it keeps off its SM, or the SM it waits for). The decode
+ * attention padded the same way (LUMEN_X_ATTN_PAD=222, so no output product's block
+ * shares its SMs): Q4_K_M 1,188.6 -> 1,198.8 but bf16 713.2 -> 708.8; not kept. */
 enum { NORM_ALONE_SMEM = 222 * 1024 };
 
-/* NORM_ALONE_SMEM where the device lets a block ask for it, else 0 (asked once) */
+/* NORM_ALONE_SMEM where the device lets a block ask for it (the attribute is refused
+ * past the device's opt-in limit less the kernel's static shared memory), else 0;
+ * asked once a backend */
 static size_t norm_alone_smem(lm_cuda_backend *cu) {
     if (!cu->norm_alone) {
-        cudaFuncAttributes fa;
-        const bool ok = cudaFuncGetAttributes(&fa, norm_rows_kernel) == cudaSuccess &&
-                        (size_t)cu->smem_optin >= NORM_ALONE_SMEM + fa.sharedSizeBytes &&
-                        cudaFuncSetAttribute(norm_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        const bool ok = cudaFuncSetAttribute(norm_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              NORM_ALONE_SMEM) == cudaSuccess;
         if (!ok) cudaGetLastError(); /* an optimization refused, not an error */
         cu->norm_alone = ok ? 1 : -1;
