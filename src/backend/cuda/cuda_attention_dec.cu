@@ -10,8 +10,8 @@
  * blocks (256 positions) of the token's context; the block's warps (8 for batches of
  * few blocks, else 4; see the launch) take them in turn (warp w of W: blocks w, w + W, ...),
  * each an online softmax over its blocks
- * (tc_attend_block, as the prefill kernel), and the warps' states are merged pairwise
- * in a fixed tree (dec_merge_states). A token with several splits has each write its state and the
+ * (tc_attend_block, as the prefill kernel), and the warps' states are merged in shared
+ * memory in warp order. A token with several splits has each write its state and the
  * last to finish merges them in split order (merge_if_last), so a long context at
  * batch 1 still spreads over the GPU. (The scalar kernel took 16 us a layer at 64
  * sequences of ~200 positions and 40 us at 256 on the H200, bound by its instructions;
@@ -72,15 +72,17 @@ enum { DEC_MAX_GROUP = 16, DEC_SPLIT_KB = 16 };
  * rows, of HD + 8 halves each in the kernel's dynamic shared memory, so the 8 rows an
  * ldmatrix reads fall in different banks. It holds the warp's first block (in the
  * 8-warp kernel each block has its own: STAGE_ALL), then (the first) the warp's
- * output state for the merge of the warps (dec_merge_states). */
+ * output state for the merge of the warps (rows of dec_f32_row floats). */
 template <int HD>
 __host__ __device__ constexpr int dec_stage_row() { return HD + 8; }
 
-/* The f32 rows in shared memory that the warps read in the accumulator layout (the
- * qkv_finish's query rows, which tc_start_rows reads): lane (g, c2) takes row g,
- * columns c2 and c2 + 1. At HD + 8 floats the 8 rows are 8 banks apart, a warp's
- * 4-byte loads two lanes a bank; at HD floats they had fallen in one bank (8-way
- * conflicts). Per-warp clock points in block (0, 0) (H100, 1.5B-shaped,
+/* The f32 rows in shared memory that the warps read or write in the accumulator
+ * layout (the qkv_finish's query rows, which tc_start_rows reads; the warps' output
+ * states): lane (g, c2) takes row g, columns c2 and c2 + 1. At HD + 8 floats the 8
+ * rows are 8 banks apart: a half warp's 8-byte stores (the states) take every bank
+ * once, a warp's 4-byte loads (the query rows) two lanes a bank. At HD floats the
+ * query rows' 8 rows had fallen in one bank (8-way conflicts), and at HD + 1 the
+ * states' in 14 banks. Per-warp clock points in block (0, 0) (H100, 1.5B-shaped,
  * batch 1, thirty-fourth session, branch attn-phases) had the warps ~950 cycles past
  * the qkv_finish barrier before tc_start_rows had its query rows in registers. Same
  * call, main built beside it: Q4_K_M 1,158.5 / 1,164.6 / 1,163.9 -> 1,165.1 /
@@ -110,104 +112,13 @@ __device__ __forceinline__ __half *dec_stage_of(uint4 *stages, int i) {
     return (__half *)stages + i * (dec_stage_warp_bytes<HD>() / sizeof(__half));
 }
 
-/* A warp's output state in its stage, lane-major (word k of lane l at k * 32 + l, so
- * a warp's stores and loads take every bank once): for each accumulator row (g, and
- * g + 8 where rows2) its HD / 4 output elements, then its max and sum. Every warp's
- * accumulators have the same layout, so lane l of one warp merges lane l of another
- * without a shuffle. */
+/* Row r of warp w's output state in its stage (stages: the kernel's dynamic shared
+ * memory) */
 template <int HD>
-__host__ __device__ constexpr int dec_state_words() { return HD / 4 + 2; }
-
-template <int HD>
-__device__ __forceinline__ void dec_state_put(float *st, int lane, bool rows2, const float m[2], const float l[2],
-                                              const float o[HD / 8][4]) {
-    static_assert(2 * dec_state_words<HD>() * 32 * sizeof(float) <= dec_stage_warp_bytes<HD>(),
-                  "a warp's state fits its stage");
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        if (i == 1 && !rows2) break;
-        float *b = st + i * dec_state_words<HD>() * 32 + lane;
-#pragma unroll
-        for (int j = 0; j < HD / 8; j++) b[2 * j * 32] = o[j][2 * i], b[(2 * j + 1) * 32] = o[j][2 * i + 1];
-        b[HD / 4 * 32] = m[i], b[(HD / 4 + 1) * 32] = l[i];
-    }
+__device__ __forceinline__ float *dec_state_row(uint4 *stages, int w, int r) {
+    return (float *)((uint8_t *)stages + w * dec_stage_warp_bytes<HD>()) + r * dec_f32_row<HD>();
 }
 
-/* (m, l, o) merged with the state at st (dec_state_put's): the larger max, each side
- * rescaled to it. A state over no position (max -inf, sum 0, output 0) weighs 0; the
- * exponentials are taken first and dropped by selects (no branch around them). */
-template <int HD>
-__device__ __forceinline__ void dec_state_merge(const float *st, int lane, bool rows2, float m[2], float l[2],
-                                                float o[HD / 8][4]) {
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        if (i == 1 && !rows2) break;
-        const float *b = st + i * dec_state_words<HD>() * 32 + lane;
-        const float mb = b[HD / 4 * 32], lb = b[(HD / 4 + 1) * 32], M = fmaxf(m[i], mb);
-        const float ea = expf(m[i] - M), eb = expf(mb - M);
-        const float ca = m[i] == -INFINITY ? 0.0f : ea, cb = mb == -INFINITY ? 0.0f : eb;
-        l[i] = fmaf(lb, cb, l[i] * ca);
-        m[i] = M;
-#pragma unroll
-        for (int j = 0; j < HD / 8; j++) {
-            o[j][2 * i] = fmaf(b[2 * j * 32], cb, o[j][2 * i] * ca);
-            o[j][2 * i + 1] = fmaf(b[(2 * j + 1) * 32], cb, o[j][2 * i + 1] * ca);
-        }
-    }
-}
-
-/* The named barrier `id` (1 to 7) of the two warps id and id - h meeting there (64
- * threads): the one that arrives (its state written) does not wait, the one that
- * syncs does, and the writes before the arrival are visible to it after (bar.arrive
- * and bar.sync order shared memory among the threads they count). Ids in the
- * instruction, not in a register: with a register ptxas reserves all 16 of the
- * block's barriers. The kernel's __syncthreads is barrier 0. */
-template <bool ARRIVE>
-__device__ __forceinline__ void dec_pair_barrier(int id) {
-#define DEC_PAIR_BAR(n)                                                                                               \
-    case n:                                                                                                          \
-        if (ARRIVE)                                                                                                  \
-            asm volatile("bar.arrive " #n ", 64;" ::: "memory");                                                     \
-        else                                                                                                         \
-            asm volatile("bar.sync " #n ", 64;" ::: "memory");                                                       \
-        break;
-    switch (id) {
-        DEC_PAIR_BAR(1)
-        DEC_PAIR_BAR(2)
-        DEC_PAIR_BAR(3)
-        DEC_PAIR_BAR(4)
-        DEC_PAIR_BAR(5)
-        DEC_PAIR_BAR(6)
-        DEC_PAIR_BAR(7)
-    default: break;
-    }
-#undef DEC_PAIR_BAR
-}
-
-/* The block's warps' states merged in a tree of pairs: at each level, warp w of the
- * upper half [h, 2h) writes its state into its own stage (its blocks are all in
- * registers) and is done; warp w - h takes it at their pair's barrier. Warp 0 ends with
- * the block's state (returns true there). A fixed order for every block, so a token's
- * result still does not depend on the batch around it.
- * The merge it replaced had every warp write its state and the whole block read all
- * of them behind a __syncthreads, each thread taking up to 4 elements over all 8
- * warps' states (~1 us in block (0, 0) at batch 1 on the H100). */
-template <int HD, int WARPS>
-__device__ __forceinline__ bool dec_merge_states(uint4 *stages, int warp, int lane, bool rows2, float m[2],
-                                                 float l[2], float o[HD / 8][4]) {
-    static_assert((WARPS & (WARPS - 1)) == 0 && WARPS <= 8, "a tree of pairs, a named barrier each");
-#pragma unroll
-    for (int h = WARPS / 2; h >= 1; h /= 2) {
-        if (warp >= h) { /* the upper half (the warps past 2h left at an earlier level) */
-            dec_state_put<HD>((float *)dec_stage_of<HD>(stages, warp), lane, rows2, m, l, o);
-            dec_pair_barrier<true>(warp);
-            return false;
-        }
-        dec_pair_barrier<false>(warp + h);
-        dec_state_merge<HD>((const float *)dec_stage_of<HD>(stages, warp + h), lane, rows2, m, l, o);
-    }
-    return true;
-}
 /* A KV block's keys and values requested into the warp's stage: 16-byte copies, 16
  * a lane at head size 128, where the fragments' own loads (load_keys, load_values)
  * are 96 a lane of 4 and 2 bytes, scattered. Issuing those before the PDL wait kept
@@ -344,9 +255,7 @@ __device__ __forceinline__ void dec_attend_pair(const __half *st0, const __half 
 
 /* LUMEN_CUDA_ATTN_PROFILE=1: the phases of block (0, 0) of each launch, their sums
  * (ns) and the launch count in cu->attn_prof: before the PDL wait, the wait, the
- * qkv_finish, warp 0's KV blocks, the merge of the warps (warp 0 waiting for the
- * others' states included; not merge_if_last). Until the thirty-seventh session the
- * KV phase ended at a barrier of all warps, so its sum with the merge compares. */
+ * qkv_finish, the warps' KV blocks, the merge of the warps (not merge_if_last). */
 enum { DEC_PROF_PHASES = 5 };
 static const char *const dec_prof_names[DEC_PROF_PHASES] = {"before the wait", "the wait", "qkv_finish",
                                                             "KV blocks", "merge"};
@@ -501,6 +410,12 @@ __global__ void __launch_bounds__(32 * WARPS)
     __shared__ uint64_t stamp[DEC_PROF_PHASES + 1];
     const bool profiled = prof && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0;
     if (profiled) stamp[0] = lm_cuda_clock_ns();
+    /* a warp's output state (MAXG rows of dec_f32_row floats) goes into its own stage
+     * once its last block is in registers: ~33 KB less shared memory a block at head
+     * size 128 (~75 KB in the 8-warp block instead of ~107) */
+    static_assert(MAXG * dec_f32_row<HD>() * sizeof(float) <= dec_stage_warp_bytes<HD>(),
+                  "a warp's state fits its stage");
+    __shared__ float ml_sh[WARPS][MAXG][2];
     __shared__ __align__(16) float q_fin[FIN ? MAXG : 1][dec_f32_row<HD>()]; /* 8-byte reads: tc_start_rows */
     __shared__ int last_sh;
     /* the token's place and block table first, while the kernel before this one still
@@ -632,29 +547,58 @@ __global__ void __launch_bounds__(32 * WARPS)
         }
     }
 
-    /* the warps' states merged pairwise, in registers (dec_merge_states); warp 0 ends
-     * with the block's: the output, or with several splits this split's state (max,
-     * sum, unnormalized output) for merge_if_last */
+    /* each warp's state, then the warps merged in warp order (a warp without blocks:
+     * max -inf, weight 0): the output, or with several splits this split's state
+     * (max, sum, unnormalized output) for merge_if_last */
     __syncwarp(); /* every lane past its last ldmatrix of the stage */
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int r = g + 8 * i;
+        if (r >= group) continue;
+        if (c2 == 0) ml_sh[warp][r][0] = m[i], ml_sh[warp][r][1] = l[i];
+        float *const orow = dec_state_row<HD>(dec_stage_words, warp, r);
+#pragma unroll
+        for (int j = 0; j < HD / 8; j++) *(float2 *)(orow + j * 8 + c2) = make_float2(o[j][2 * i], o[j][2 * i + 1]);
+    }
+    __syncthreads();
     if (profiled) stamp[4] = lm_cuda_clock_ns();
-    const bool second = group > 8; /* the accumulators' second row (g + 8) holds a query head */
-    if (dec_merge_states<HD, WARPS>(dec_stage_words, warp, lane, second, m, l, o)) {
+    for (int e = threadIdx.x; e < group * HD; e += THREADS) {
+        const int r = e / HD, d = e % HD;
+        /* every warp's state read and every weight taken before the sums in warp order,
+         * a warp without blocks dropped by selects (the same sums): with `if (mw ==
+         * -inf) continue` each warp had a branch, its shared read and exponential inside
+         * it waiting on the warp before (SASS, sm_90a). Each row's weights taken once
+         * by a thread for up to 4 of the row's elements instead (3ca5c72), measured in a
+         * tree of knobs first, was slower in main's form: H100, 1.5B-shaped, batch 1, one
+         * machine, five rounds (thirty-sixth session, against branch own-only, this
+         * form): this loop 0.98 -> 1.21 us Q4_K_M, 0.94 -> 1.07 bf16 (block (0, 0)),
+         * Q4_K_M 1,193.8 -> 1,188.6 tokens/s, bf16 714.7 -> 713.2 (medians). 4 elements
+         * at a time with every element's weights: 1.34 -> 2.09 us, Q4_K_M -3%. Each
+         * row's weights worked out by one thread behind one more barrier (branch
+         * merge-wt, thirty-fourth session): this loop 0.93 -> 0.64 us, but the phase
+         * before it 2.61 -> 2.89, tokens/s within 0.3%. */
+        float mw[WARPS], lw[WARPS], ow[WARPS], c[WARPS];
+        float M = -INFINITY;
 #pragma unroll
-        for (int i = 0; i < 2; i++) {
-            const int r = g + 8 * i;
-            if (r >= group) continue;
-            const int64_t row = (int64_t)t * n_head + h0 + r;
-            if (n_split == 1) {
+        for (int w = 0; w < WARPS; w++) {
+            mw[w] = ml_sh[w][r][0], lw[w] = ml_sh[w][r][1], ow[w] = dec_state_row<HD>(dec_stage_words, w, r)[d];
+            M = fmaxf(M, mw[w]);
+        }
 #pragma unroll
-                for (int j = 0; j < HD / 8; j++)
-                    store_out2(out, outb, row * HD + j * 8 + c2, o[j][2 * i] / l[i], o[j][2 * i + 1] / l[i]);
-            } else {
-                float *pp = part + ((size_t)row * max_splits + split) * (HD + 2);
-                if (c2 == 0) pp[0] = m[i], pp[1] = l[i];
+        for (int w = 0; w < WARPS; w++) c[w] = expf(mw[w] - M);
+        float L = 0.0f, O = 0.0f;
 #pragma unroll
-                for (int j = 0; j < HD / 8; j++)
-                    *(float2 *)(pp + 2 + j * 8 + c2) = make_float2(o[j][2 * i], o[j][2 * i + 1]);
-            }
+        for (int w = 0; w < WARPS; w++) {
+            const bool none = mw[w] == -INFINITY;
+            const float Lw = fmaf(lw[w], c[w], L), Ow = fmaf(ow[w], c[w], O);
+            L = none ? L : Lw, O = none ? O : Ow;
+        }
+        if (n_split == 1) {
+            store_out(out, outb, ((int64_t)t * n_head + h0 + r) * HD + d, O / L);
+        } else {
+            float *pp = part + (((size_t)t * n_head + h0 + r) * max_splits + split) * (HD + 2);
+            if (d == 0) pp[0] = M, pp[1] = L;
+            pp[2 + d] = O;
         }
     }
     if (profiled) {

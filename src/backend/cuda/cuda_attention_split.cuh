@@ -12,12 +12,6 @@ __device__ __forceinline__ void store_out(float *out, __nv_bfloat16 *outb, int64
     if (outb) outb[i] = __float2bfloat16_rn(v);
 }
 
-/* store_out of elements i and i + 1 (i even: 8-byte and 4-byte stores) */
-__device__ __forceinline__ void store_out2(float *out, __nv_bfloat16 *outb, int64_t i, float v0, float v1) {
-    *(float2 *)(out + i) = make_float2(v0, v1);
-    if (outb) *(__nv_bfloat162 *)(outb + i) = __floats2bfloat162_rn(v0, v1);
-}
-
 /* After each split of an item (token t, query heads h0..h0+nh) wrote its state
  * (max, sum, unnormalized output: hd + 2 floats per head and split in `part`): the
  * block that finishes last merges the splits in split order, a warp per head (WARPS
