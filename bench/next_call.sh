@@ -5,7 +5,7 @@
 # Here first: bash bench/cuda_device_run.sh --prepare-deps && bash bench/cuda_side_by_side.sh --prepare 383def8
 #   then run(command="bash bench/next_call.sh", carry=[".deps", ".alt"])
 set -uo pipefail
-OPS=1 REPS=3 RUNS='383def8 GGUF 1;work GGUF 1;work GGUF 1 LUMEN_CUDA_ATTN_ALONE=0;383def8 HF 1;work HF 1' \
+OPS=1 REPS=3 RUNS='383def8 GGUF 1;work GGUF 1;work GGUF 1 LUMEN_CUDA_ATTN_ALONE=0;383def8 HF 1;work HF 1;work HF 1 LUMEN_CUDA_NORM_ALONE=0' \
   bash bench/cuda_side_by_side.sh
 export ROOT=$PWD BUILD=$PWD/build-cuda-work OUT=${OUT:-$PWD/cuda-run-out}
 . bench/cuda_env.sh; lumen_cuda_env; lumen_bench_models > /dev/null 2>&1

@@ -152,7 +152,7 @@ typedef struct lm_cuda_backend {
     bool attn_dec_alone;    /* its batch-1 block alone on its SM after 8-bit products (LUMEN_CUDA_ATTN_ALONE=0: not) */
     bool mv_q8_last;        /* the last matrix-vector product ran on the 8-bit kernel (cuda_matmul.cu) */
     int smem_optin;         /* shared memory a block may ask for (bytes)            */
-    int norm_alone;         /* the one-row norm alone on its SM: 1, -1 refused, 0 unasked (cuda_rms_norm.cu) */
+    int norm_alone; /* the one-row norm alone on its SM: 1, -1 refused or LUMEN_CUDA_NORM_ALONE=0, 0 unasked */
     int carveout;           /* preferred shared-memory carveout, % (lm_cuda_launch_with; -1: the driver's) */
     const void *carveout_set[LM_CUDA_CARVEOUT_KERNELS]; /* the kernels it is set on */
     int carveout_n;
