@@ -1099,8 +1099,8 @@ static void test_attention(void) {
         /* 48 tokens x 8 KV heads: more blocks than the decode kernel gives 8 warps
          * (twice the SMs: 264 on the H200), so its 4-warp form */
         {16, 8, 64, 0, LM_DTYPE_F16},
-        /* 16 query heads a KV head: the decode kernel's 4-warp form, whose accumulators'
-         * second rows (heads 8-15) its warps' merge carries too */
+        /* 16 query heads a KV head: the decode kernel's 4-warp form with both rows of
+         * its accumulators in use (heads 8-15 in the second) */
         {16, 1, 64, 0, LM_DTYPE_F16},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_attention_case(&cases[i]);

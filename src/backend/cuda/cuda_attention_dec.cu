@@ -617,41 +617,21 @@ __global__ void __launch_bounds__(32 * WARPS)
                                           max_splits, &last_sh);
 }
 
-/* A batch-1 block asking for this much dynamic shared memory, unused past its stages,
- * takes an SM no other kernel's block is on, and of the output product's blocks after
- * it only those needing under ~5 KB fit beside it (cuda_rms_norm.cu pads its one-row
- * norm the same way). After 8-bit Q/K/V products (a quantized file) only: H100,
- * 1.5B-shaped, batch 1 (thirty-sixth session, branch x-alone, LUMEN_X_ATTN_PAD=222):
- * Q4_K_M 1,188.6 -> 1,198.8 tokens/s, 1,203.2 -> 1,208.3 in another call, block (0,
- * 0)'s part before the wait 2.36 -> 1.93 us; bf16 713.2 -> 708.8, so not there. */
-enum { DEC_ALONE_SMEM = 222 * 1024 };
-
-/* The dynamic shared memory to launch a form with: its warps' stages (past 48 KB in
- * the 8-warp kernel at head size 128), or DEC_ALONE_SMEM where `alone` asks for it
- * and the device allows it; 0 where even the stages were refused (an error recorded).
- * The attribute is the function's, on the backend's device, asked once a backend for
- * each form (cu->attn_dec_smem: a bit a form for the stages, the bit << 8 for the
- * padding allowed, << 16 for it refused: an optimization refused, not an error). */
+/* The kernel's dynamic shared memory (its warps' stages, past 48 KB in the 8-warp
+ * kernel at head size 128) allowed once a backend for each form
+ * (cu->attn_dec_smem: a bit a form; the attribute is the function's, on the
+ * backend's device). An error is recorded when it is refused. */
 template <int HD, int WARPS, int MAXG, bool FIN>
-static size_t dec_smem(lm_cuda_backend *cu, bool alone) {
-    auto *const kernel = attn_dec_kernel<HD, WARPS, MAXG, FIN>;
+static bool dec_allow(lm_cuda_backend *cu) {
     const size_t bytes = dec_stage_bytes<HD, WARPS>();
     const unsigned bit = 1u << ((HD == 64 ? 0 : 4) + (WARPS == 8 ? 0 : 2) + (FIN ? 1 : 0));
-    const unsigned padded = bit << 8, refused = bit << 16;
-    if (alone && !(cu->attn_dec_smem & (padded | refused))) {
-        const bool ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, DEC_ALONE_SMEM) ==
-                        cudaSuccess;
-        if (!ok) cudaGetLastError();
-        cu->attn_dec_smem |= ok ? padded | bit : refused;
-    }
-    if (alone && (cu->attn_dec_smem & padded)) return DEC_ALONE_SMEM;
-    if (!(cu->attn_dec_smem & bit)) {
-        if (!lm_cuda_ok(cu, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes),
-                        "decode attention (shared memory for its KV stages)"))
-            return 0;
-        cu->attn_dec_smem |= bit;
-    }
-    return bytes;
+    if (cu->attn_dec_smem & bit) return true;
+    if (!lm_cuda_ok(cu, cudaFuncSetAttribute(attn_dec_kernel<HD, WARPS, MAXG, FIN>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes),
+                    "decode attention (shared memory for its KV stages)"))
+        return false;
+    cu->attn_dec_smem |= bit;
+    return true;
 }
 
 bool lm_cuda_attention_dec_supports(const lm_kv_cache *kv, int64_t n_head, int64_t n_head_kv, int64_t head_dim) {
@@ -689,14 +669,12 @@ void lm_cuda_attention_dec(lm_cuda_backend *cu, const lm_kv_cache *kv, int64_t l
     qf_args none;
     memset(&none, 0, sizeof none);
     const qf_args &f = fin ? *fin : none;
-    /* one token after 8-bit products: its block alone on its SM (DEC_ALONE_SMEM) */
-    const bool alone = eight && n == 1 && cu->mv_q8_last && cu->attn_dec_alone;
-    size_t smem;
 #define LM_DEC(H, W, G, F)                                                                                           \
-    ((smem = dec_smem<H, W, G, F>(cu, alone))                                                                        \
-         ? lm_cuda_launch_smem(cu, attn_dec_kernel<H, W, G, F>, grid, 32 * W, smem, meta, (int)n, (int)n_head,       \
-                               (int)n_head_kv, (int)group, d_kv, K, V, q, window, scale, max_splits, out, outb, part, \
-                               counts, cu->attn_dec_ahead, f, cu->attn_prof)                                         \
+    (dec_allow<H, W, G, F>(cu)                                                                                       \
+         ? lm_cuda_launch_smem(cu, attn_dec_kernel<H, W, G, F>, grid, 32 * W, dec_stage_bytes<H, W>(), meta,          \
+                               (int)n, (int)n_head, (int)n_head_kv, (int)group, d_kv, K, V, q, window, scale,        \
+                               max_splits, out, outb, part, counts, cu->attn_dec_ahead, f,     \
+                               cu->attn_prof)                                                                        \
          : (void)0)
 #define LM_DEC_WARPS(H, F) (eight ? LM_DEC(H, 8, 8, F) : LM_DEC(H, 4, DEC_MAX_GROUP, F))
     if (head_dim == 64)

@@ -149,8 +149,6 @@ typedef struct lm_cuda_backend {
     int attn_dec_warps;     /* attention: that kernel's warps a block, 0: by the batch (LUMEN_CUDA_ATTN_DEC_WARPS) */
     bool attn_dec_ahead;    /* its first KV blocks loaded before the PDL wait (LUMEN_CUDA_ATTN_DEC_AHEAD=0: not) */
     unsigned attn_dec_smem; /* its forms whose dynamic shared memory was allowed (cuda_attention_dec.cu) */
-    bool attn_dec_alone;    /* its batch-1 block alone on its SM after 8-bit products (LUMEN_CUDA_ATTN_ALONE=0: not) */
-    bool mv_q8_last;        /* the last matrix-vector product ran on the 8-bit kernel (cuda_matmul.cu) */
     int smem_optin;         /* shared memory a block may ask for (bytes)            */
     int norm_alone; /* the one-row norm alone on its SM: 1, -1 refused or LUMEN_CUDA_NORM_ALONE=0, 0 unasked */
     int carveout;           /* preferred shared-memory carveout, % (lm_cuda_launch_with; -1: the driver's) */

@@ -858,7 +858,6 @@ static lm_status mv_dispatch(lm_cuda_backend *cu, const lm_weight *const *w, int
      * own kernel (lm_cuda_mvq_supports is the weight's alone) */
     int q8 = 0;
     for (int k = 0; k < n_w; k++) q8 += lm_cuda_mvq_supports(cu, w[k]);
-    cu->mv_q8_last = q8 == n_w; /* the decode attention after Q/K/V reads it (cuda_attention_dec.cu) */
     if (q8 == n_w) {
         lm_cuda_mvq(cu, w, n_w, x, n, y, false);
         return LM_OK;
