@@ -579,7 +579,7 @@ __global__ void __launch_bounds__(32 * WARPS)
          * before it 2.61 -> 2.89, tokens/s within 0.3%. The warps merged in a tree of
          * pairs in registers instead (the upper half's warps writing their states
          * lane-major into their stages, the lower half's taking them at a named barrier
-         * a pair, warp 0 writing the output; branch tree-merge, ac7f7f8, thirty-seventh
+         * a pair, warp 0 writing the output; commit ac7f7f8, thirty-seventh
          * session, H100): this phase 0.95 -> 2.77 us, Q4_K_M 1,191.5 -> 1,133.3 tokens/s,
          * bf16 710.2 -> 690.5 (medians of three); presumably one warp's 32 divisions and
          * 32 output stores a lane, not established. */

@@ -61,7 +61,7 @@ __global__ void __launch_bounds__(NORM_THREADS)
  * established (the blocks it keeps off its SM, or the SM it waits for). The decode
  * attention padded the same way (LUMEN_X_ATTN_PAD=222, so no output product's block
  * shares its SMs): Q4_K_M 1,188.6 -> 1,198.8 but bf16 713.2 -> 708.8. Padded after
- * 8-bit Q/K/V products only (thirty-seventh session, branch tree-merge, one H100
+ * 8-bit Q/K/V products only (thirty-seventh session, 06e942c, one H100
  * call, medians of three): Q4_K_M 1,195.7 -> 1,177.1 tokens/s; not kept. (Its op
  * tests decoded the Qwen2 Q4_K model wrong, presumably because the attribute is the
  * function's, process-wide: another backend of the test set the attention's back to
