@@ -7,7 +7,7 @@
 set -uo pipefail
 runs='work HF 1;work HF 1 LUMEN_X_ATTN_W4S=1'
 [ "${GGUF:-0}" = 1 ] && runs="$runs;work GGUF 1;work GGUF 1 LUMEN_X_ATTN_W4S=1"
-OPS=0 REPS=3 RUNS="$runs" bash bench/cuda_side_by_side.sh
+OPS=0 REPS=${REPS:-3} RUNS="$runs" bash bench/cuda_side_by_side.sh
 export ROOT=$PWD BUILD=$PWD/build-cuda-work OUT=${OUT:-$PWD/cuda-run-out}
 . bench/cuda_env.sh; lumen_cuda_env; lumen_bench_models > /dev/null 2>&1
 for k in 0 1; do
