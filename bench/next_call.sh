@@ -11,8 +11,9 @@ OPS=0 REPS=${REPS:-3} RUNS="$runs" bash bench/cuda_side_by_side.sh
 export ROOT=$PWD BUILD=$PWD/build-cuda-work OUT=${OUT:-$PWD/cuda-run-out}
 . bench/cuda_env.sh; lumen_cuda_env; lumen_bench_models > /dev/null 2>&1
 for k in 0 1; do
-  echo "W4S=$k $(basename "$HF"): $(LUMEN_X_ATTN_W4S=$k LUMEN_CUDA_ATTN_PROFILE=1 build-cuda-work/lumen bench "$HF" \
-    --backend cuda -p 64 --parallel 1 --parallel-prompt 128 -n 128 -r 1 2>&1 | grep 'attention profile' | sed 's/.*mean us: //')"
+  prof=$(LUMEN_X_ATTN_W4S=$k LUMEN_CUDA_ATTN_PROFILE=1 build-cuda-work/lumen bench "$HF" --backend cuda -p 64 \
+    --parallel 1 --parallel-prompt 128 -n 128 -r 1 2>&1 | grep 'attention profile' | sed 's/.*mean us: //')
+  echo "W4S=$k $(basename "$HF"): $prof"
 done
 LUMEN_X_ATTN_W4S=1 timeout 100 build-cuda-work/tests/test_backend_ops > "$OUT/ops-w4s.log" 2>&1
 echo "op tests with LUMEN_X_ATTN_W4S=1: status $?"; grep -E 'FAIL|DIFFER|comparisons' "$OUT/ops-w4s.log" | head -5

@@ -95,9 +95,14 @@ __host__ __device__ constexpr size_t dec_stage_warp_bytes() {
     return (size_t)2 * TC_ROWS * dec_stage_row<HD>() * sizeof(__half);
 }
 /* The 4-warp form for one token's groups of up to 8 heads (LUMEN_X_ATTN_W4S=1, an
- * experiment): 128 registers a thread at most and 3 stages a warp (~109 KB a block at
- * head size 128), so its block fits beside a 16-bit Q/K/V product's blocks on an SM
- * and arrives under that product instead of after it. */
+ * experiment, not yet run on a GPU): at most 168 registers a thread (its launch bound:
+ * 3 blocks an SM; 168 at head size 128, sm_90a, no spills) and 3 stages a warp (~109
+ * KB a block with its static memory), so its block fits on an SM beside 7 of the bf16
+ * Q/K/V product's blocks (128 threads at 48 registers; presumably 132 KB of shared
+ * memory at the backend's carveout) and does its part before the wait under that
+ * product, where the 8-warp form (32 K registers, ~144 KB) arrives after it. A warp
+ * takes 3-4 of a split's blocks instead of 2 (docs/BENCHMARKS.md, thirty-seventh
+ * session). */
 template <int HD, int WARPS, int MAXG>
 __host__ __device__ constexpr bool dec_stage3() { return tc_early(HD) && WARPS == 4 && MAXG <= 8; }
 
@@ -484,7 +489,8 @@ __global__ void __launch_bounds__(32 * WARPS, dec_stage3<HD, WARPS, MAXG>() ? 3 
     if constexpr (STAGE_ALL) {
         if (early) lm_cp_async_commit();
         if (early2) dec_stage_block<HD>(stage2, K, V, blk2, d_kv, head_off, lane, rows2), lm_cp_async_commit();
-        if (STAGE3 && early3) dec_stage_block<HD>(stage3, K, V, blk3, d_kv, head_off, lane, rows3), lm_cp_async_commit();
+        if (STAGE3 && early3)
+            dec_stage_block<HD>(stage3, K, V, blk3, d_kv, head_off, lane, rows3), lm_cp_async_commit();
     }
     float fb0[FIN ? dec_finish_passes<HD, THREADS, MAXG>() : 1], fb1[FIN ? dec_finish_passes<HD, THREADS, MAXG>() : 1];
     if constexpr (FIN) dec_finish_biases<HD, THREADS, MAXG>(fin, hk, h0, group, split == n_split - 1, fb0, fb1);
@@ -711,10 +717,9 @@ void lm_cuda_attention_dec(lm_cuda_backend *cu, const lm_kv_cache *kv, int64_t l
     const qf_args &f = fin ? *fin : none;
 #define LM_DEC(H, W, G, F)                                                                                           \
     (dec_allow<H, W, G, F>(cu)                                                                                       \
-         ? lm_cuda_launch_smem(cu, attn_dec_kernel<H, W, G, F>, grid, 32 * W, dec_stage_bytes<H, W, G>(), meta,          \
+         ? lm_cuda_launch_smem(cu, attn_dec_kernel<H, W, G, F>, grid, 32 * W, dec_stage_bytes<H, W, G>(), meta,      \
                                (int)n, (int)n_head, (int)n_head_kv, (int)group, d_kv, K, V, q, window, scale,        \
-                               max_splits, out, outb, part, counts, cu->attn_dec_ahead, f,     \
-                               cu->attn_prof)                                                                        \
+                               max_splits, out, outb, part, counts, cu->attn_dec_ahead, f, cu->attn_prof)            \
          : (void)0)
     const bool w4s = cu->attn_dec_w4s && n == 1 && group <= 8; /* dec_stage3's form */
 #define LM_DEC_WARPS(H, F)                                                                                           \
