@@ -665,7 +665,14 @@ __global__ void __launch_bounds__(32 * WARPS, dec_stage3<HD, WARPS, MAXG>() ? 3 
 /* The kernel's dynamic shared memory (its warps' stages, past 48 KB in the 8-warp
  * kernel at head size 128) allowed once a backend for each form
  * (cu->attn_dec_smem: a bit a form; the attribute is the function's, on the
- * backend's device). An error is recorded when it is refused. */
+ * backend's device). An error is recorded when it is refused.
+ * The 8-warp block at batch 1 padded to 222 KB after 8-bit Q/K/V products only, so it
+ * had an SM to itself as the one-row norm does (cuda_rms_norm.cu; 06e942c, thirty-
+ * seventh session, one H100 call, medians of three): Q4_K_M 1,195.7 -> 1,177.1
+ * tokens/s; not kept. Its op tests decoded the Qwen2 Q4_K model wrong, presumably
+ * because the attribute is the function's, process-wide: another backend of the test
+ * set it back to the stages' size and the padded launches failed. A size that differs
+ * between backends must be asked for again before each launch. */
 template <int HD, int WARPS, int MAXG, bool FIN>
 static bool dec_allow(lm_cuda_backend *cu) {
     const size_t bytes = dec_stage_bytes<HD, WARPS, MAXG>();

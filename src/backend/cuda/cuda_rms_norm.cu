@@ -60,14 +60,11 @@ __global__ void __launch_bounds__(NORM_THREADS)
  * three rounds), Q4_K_M 1,201.6 -> 1,203.2, 1,201.7 -> 1,202.6. Why bf16 gains is not
  * established (the blocks it keeps off its SM, or the SM it waits for). The decode
  * attention padded the same way (LUMEN_X_ATTN_PAD=222, so no output product's block
- * shares its SMs): Q4_K_M 1,188.6 -> 1,198.8 but bf16 713.2 -> 708.8. Padded after
- * 8-bit Q/K/V products only (thirty-seventh session, 06e942c, one H100
- * call, medians of three): Q4_K_M 1,195.7 -> 1,177.1 tokens/s; not kept. (Its op
- * tests decoded the Qwen2 Q4_K model wrong, presumably because the attribute is the
- * function's, process-wide: another backend of the test set the attention's back to
- * its stages' size, and the padded launches failed. This kernel's attribute is only
- * ever raised.) This norm unpadded (LUMEN_CUDA_NORM_ALONE=0) in that call: bf16
- * 707.3 -> 702.5. */
+ * shares its SMs): Q4_K_M 1,188.6 -> 1,198.8 but bf16 713.2 -> 708.8; not kept (nor
+ * after 8-bit products only: cuda_attention_dec.cu, dec_allow). This norm unpadded
+ * (LUMEN_CUDA_NORM_ALONE=0), thirty-seventh session, one H100 call, medians of three:
+ * bf16 707.3 -> 702.5. The attribute is the function's, process-wide, so it is only
+ * ever raised here: every backend asks for the same size. */
 enum { NORM_ALONE_SMEM = 222 * 1024 };
 
 /* NORM_ALONE_SMEM where the device lets a block ask for it (the attribute is refused
