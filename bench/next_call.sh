@@ -2,10 +2,11 @@
 # One token's decode attention in the 4-warp staged form (LUMEN_X_ATTN_W4S=1: 168
 # registers, 3 stages a warp, so its block fits beside the bf16 Q/K/V product's) against
 # the 8-warp form, one tree, side by side (bf16; Q4_K_M with GGUF=1); op tests with the
-# knob on; the attention's profiles.
+# knob on; the attention's profiles; bf16 at the whole carveout for shared memory again
+# (LUMEN_CUDA_CARVEOUT=100), now that the padded norm lets the attention in early.
 #   run(command="bash bench/next_call.sh", carry=[".deps"])
 set -uo pipefail
-runs='work HF 1;work HF 1 LUMEN_X_ATTN_W4S=1'
+runs='work HF 1;work HF 1 LUMEN_X_ATTN_W4S=1;work HF 1 LUMEN_CUDA_CARVEOUT=100'
 [ "${GGUF:-0}" = 1 ] && runs="$runs;work GGUF 1;work GGUF 1 LUMEN_X_ATTN_W4S=1"
 OPS=0 REPS=${REPS:-3} RUNS="$runs" bash bench/cuda_side_by_side.sh
 export ROOT=$PWD BUILD=$PWD/build-cuda-work OUT=${OUT:-$PWD/cuda-run-out}
