@@ -94,28 +94,23 @@ template <int HD>
 __host__ __device__ constexpr size_t dec_stage_warp_bytes() {
     return (size_t)2 * TC_ROWS * dec_stage_row<HD>() * sizeof(__half);
 }
-/* The 4-warp form for one token's groups of up to 8 heads (LUMEN_X_ATTN_W4S=1, an
- * experiment, not yet run on a GPU): at most 168 registers a thread (its launch bound:
- * 3 blocks an SM; 168 at head size 128, sm_90a, no spills) and 3 stages a warp (~109
- * KB a block with its static memory), so its block fits on an SM beside 7 of the bf16
- * Q/K/V product's blocks (128 threads at 48 registers; presumably 132 KB of shared
- * memory at the backend's carveout) and does its part before the wait under that
- * product, where the 8-warp form (32 K registers, ~144 KB) arrives after it. A warp
- * takes 3-4 of a split's blocks instead of 2 (docs/BENCHMARKS.md, thirty-seventh
- * session). */
-template <int HD, int WARPS, int MAXG>
-__host__ __device__ constexpr bool dec_stage3() { return tc_early(HD) && WARPS == 4 && MAXG <= 8; }
-
 /* A warp's stages: one for each of its blocks in the 8-warp kernel (STAGE_ALL: its
  * DEC_SPLIT_KB / 8 blocks, warp w's i-th stage at w + 8 i, ~139 KB a block at head
- * size 128), its first three in dec_stage3's form, one in the other 4-warp kernel */
-template <int HD, int WARPS, int MAXG>
+ * size 128), one in the 4-warp kernel. A 4-warp form for one token with 3 stages a
+ * warp (~109 KB) under a launch bound of 3 blocks an SM (168 registers), meant to fit
+ * beside the bf16 Q/K/V product's blocks and do its part before the wait under it
+ * (a967ac1, thirty-seventh session), lost: H100, 1.5B-shaped, batch 1, one call,
+ * medians of three (thirty-eighth session): bf16 715.8 -> 668.5 tokens/s, Q4_K_M
+ * 1,199.7 -> 1,094.5; block (0, 0) before the wait 2.00 -> 2.38 us, the wait 0.19 ->
+ * 0.06 (so it did not arrive earlier), the KV blocks 2.10 -> 3.97, the merge 0.95 ->
+ * 1.23. */
+template <int HD, int WARPS>
 __host__ __device__ constexpr int dec_stages_per_warp() {
-    return tc_early(HD) && WARPS == 8 ? DEC_SPLIT_KB / WARPS : dec_stage3<HD, WARPS, MAXG>() ? 3 : 1;
+    return tc_early(HD) && WARPS == 8 ? DEC_SPLIT_KB / WARPS : 1;
 }
-template <int HD, int WARPS, int MAXG>
+template <int HD, int WARPS>
 __host__ __device__ constexpr size_t dec_stage_bytes() {
-    return (size_t)dec_stages_per_warp<HD, WARPS, MAXG>() * WARPS * dec_stage_warp_bytes<HD>();
+    return (size_t)dec_stages_per_warp<HD, WARPS>() * WARPS * dec_stage_warp_bytes<HD>();
 }
 
 /* Stage i: warp i % WARPS's (i / WARPS)-th, which holds the split's i-th KV block */
@@ -228,16 +223,16 @@ __device__ __forceinline__ void dec_mask_values(uint32_t vf[HD / 8][2], int vali
  * / 1,197.5 tokens/s, block (0, 0)'s KV phase 2.43 -> 2.14 us; bf16 699.9 / 698.7 /
  * 699.6 -> 698.6 / 698.5 / 698.4 (its attention arrives after the Q/K/V product, the
  * copies still landing); 64 sequences 28,959 -> 29,090 (one run). */
-template <int HD, int LATER = 0>
+template <int HD>
 __device__ __forceinline__ void dec_attend_pair(const __half *st0, const __half *st1, int kb0, int kb1, int p,
                                                 int lane, int c2, const uint32_t qa[HD / 16][4], const int lo[2],
                                                 const int pos[2], float scale, float m[2], float l[2],
                                                 float o[HD / 8][4]) {
     uint32_t kf[2][HD / 16][2][2];
-    lm_cp_async_wait_group<1 + LATER>(); /* LATER: groups committed after the pair's */
+    lm_cp_async_wait_group<1>();
     __syncwarp();
     dec_keys_of_stage<HD>(st0, lane, kf[0]);
-    lm_cp_async_wait_group<LATER>();
+    lm_cp_async_wait_group<0>();
     __syncwarp();
     dec_keys_of_stage<HD>(st1, lane, kf[1]);
     float s[4][4] = {};
@@ -409,7 +404,7 @@ __device__ void dec_finish(const qf_args &f, float c, float s, int t, int hk, in
  * memory of the warps' merge holds WARPS x MAXG rows). FIN: the qkv_finish before it
  * runs here (fin; dec_finish). */
 template <int HD, int WARPS, int MAXG, bool FIN>
-__global__ void __launch_bounds__(32 * WARPS, dec_stage3<HD, WARPS, MAXG>() ? 3 : 0)
+__global__ void __launch_bounds__(32 * WARPS)
     attn_dec_kernel(const int32_t *__restrict__ meta, int n, int n_head, int n_head_kv, int group, int64_t d_kv,
                     const __half *__restrict__ K, const __half *__restrict__ V, const float *__restrict__ q,
                     int64_t window, float scale, int max_splits, float *__restrict__ out,
@@ -460,9 +455,8 @@ __global__ void __launch_bounds__(32 * WARPS, dec_stage3<HD, WARPS, MAXG>() ? 3 
      * H100, two rounds (thirty-sixth session, branch own-only): bf16 706.0 / 706.8 ->
      * 714.8 / 713.8 tokens/s, KV phase 2.64 -> 2.04 us; Q4_K_M 1,175.3 / 1,192.7 ->
      * 1,185.9 / 1,193.8, 2.14 -> 2.06 us. */
-    constexpr bool STAGE3 = dec_stage3<HD, WARPS, MAXG>(), STAGE_ALL = tc_early(HD) && (WARPS == 8 || STAGE3);
-    constexpr int SPW = dec_stages_per_warp<HD, WARPS, MAXG>();
-    const bool own_smem = STAGE_ALL && FIN && ahead && split == n_split - 1 && kb_last - kb_begin < SPW * WARPS;
+    constexpr bool STAGE_ALL = tc_early(HD) && WARPS == 8;
+    const bool own_smem = STAGE_ALL && FIN && ahead && split == n_split - 1;
     const int own_row = p % TC_ROWS;
     const bool early = ahead && tc_early(HD) && kb_first <= kb_end && (kb_first < kb_last || own_smem);
     uint32_t kf[HD / 16][2][2], vf[tc_early(HD) ? HD / 8 : 1][2];
@@ -470,27 +464,19 @@ __global__ void __launch_bounds__(32 * WARPS, dec_stage3<HD, WARPS, MAXG>() ? 3 
      * starting on the token's own block then reads no table after the qkv_finish */
     int32_t blk = kb_first <= kb_end ? table[kb_first] : 0;
     /* STAGE_ALL: its second block's too, so its copies wait on no table read */
-    static_assert(!STAGE_ALL || SPW == (STAGE3 ? 3 : 2), "a warp's staged blocks, a stage and a group each");
+    static_assert(!STAGE_ALL || dec_stages_per_warp<HD, WARPS>() == 2, "a warp's two blocks, a stage and a group each");
     const bool has2 = STAGE_ALL && kb_first + WARPS <= kb_end;
     const int32_t blk2 = has2 ? table[kb_first + WARPS] : 0;
-    const int kb3 = kb_first + 2 * WARPS; /* STAGE3: a warp's third block, staged too */
-    const bool has3 = STAGE3 && kb3 <= kb_end;
-    const int32_t blk3 = has3 ? table[kb3] : 0;
     extern __shared__ __align__(16) uint4 dec_stage_words[]; /* dec_stage_bytes */
     __half *const stage = dec_stage_of<HD>(dec_stage_words, warp);
     __half *const stage2 = STAGE_ALL ? dec_stage_of<HD>(dec_stage_words, warp + WARPS) : nullptr;
-    __half *const stage3 = STAGE3 ? dec_stage_of<HD>(dec_stage_words, warp + 2 * WARPS) : nullptr;
     /* STAGE_ALL: a commit group a block, block 0's first (early2 implies early) */
     const bool early2 = has2 && ahead && (kb_first + WARPS < kb_last || own_smem);
-    const bool early3 = has3 && ahead && (kb3 < kb_last || own_smem); /* implies early2 */
     const int rows1 = kb_first == kb_last ? own_row : TC_ROWS, rows2 = kb_first + WARPS == kb_last ? own_row : TC_ROWS;
-    const int rows3 = kb3 == kb_last ? own_row : TC_ROWS;
     if (early) dec_stage_block<HD>(stage, K, V, blk, d_kv, head_off, lane, rows1);
     if constexpr (STAGE_ALL) {
         if (early) lm_cp_async_commit();
         if (early2) dec_stage_block<HD>(stage2, K, V, blk2, d_kv, head_off, lane, rows2), lm_cp_async_commit();
-        if (STAGE3 && early3)
-            dec_stage_block<HD>(stage3, K, V, blk3, d_kv, head_off, lane, rows3), lm_cp_async_commit();
     }
     float fb0[FIN ? dec_finish_passes<HD, THREADS, MAXG>() : 1], fb1[FIN ? dec_finish_passes<HD, THREADS, MAXG>() : 1];
     if constexpr (FIN) dec_finish_biases<HD, THREADS, MAXG>(fin, hk, h0, group, split == n_split - 1, fb0, fb1);
@@ -507,10 +493,6 @@ __global__ void __launch_bounds__(32 * WARPS, dec_stage3<HD, WARPS, MAXG>() ? 3 
         if (!early && kb_first <= kb_end)
             dec_stage_block<HD>(stage, K, V, blk, d_kv, head_off, lane), lm_cp_async_commit();
         if (has2 && !early2) dec_stage_block<HD>(stage2, K, V, blk2, d_kv, head_off, lane), lm_cp_async_commit();
-        if constexpr (STAGE3) { /* a group for the third block whenever there is a pair (empty without one) */
-            if (has3 && !early3) dec_stage_block<HD>(stage3, K, V, blk3, d_kv, head_off, lane);
-            if (has2 && !early3) lm_cp_async_commit();
-        }
     }
     /* the group's query heads are the rows */
     uint32_t qa[HD / 16][4];
@@ -543,27 +525,7 @@ __global__ void __launch_bounds__(32 * WARPS, dec_stage3<HD, WARPS, MAXG>() ? 3 
          * it was at most ~0.2 us shorter each, without a block's work altogether
          * (copies and ldmatrix kept) 3.2 -> 2.0 us. */
         if (has2) {
-            dec_attend_pair<HD, STAGE3 ? 1 : 0>(stage, stage2, kb_first, kb_first + WARPS, p, lane, c2, qa, lo, pos,
-                                               scale, m, l, o);
-            if constexpr (STAGE3) {
-                /* the third block from its stage; a fourth (contexts past 12 of the
-                 * split's 16 blocks) into the first's stage, free once the pair has its
-                 * fragments, and taken with the third as a pair */
-                const int kb4 = kb3 + WARPS;
-                if (kb4 <= kb_end) {
-                    __syncwarp();
-                    dec_stage_block<HD>(stage, K, V, table[kb4], d_kv, head_off, lane);
-                    lm_cp_async_commit();
-                    dec_attend_pair<HD>(stage3, stage, kb3, kb4, p, lane, c2, qa, lo, pos, scale, m, l, o);
-                } else if (has3) {
-                    dec_take_stage<HD>(stage3, lane, kf, vf);
-                    const int valid = p - kb3 * TC_ROWS;
-                    if (valid < TC_ROWS - 1) dec_mask_values<HD>(vf, valid, c2);
-                    int32_t none = 0;
-                    tc_attend_block<HD, true, true>(K, V, table, kb3, -1, none, valid, d_kv, head_off, g, c2, qa, kf,
-                                                    lo, pos, scale, m, l, o, vf);
-                }
-            }
+            dec_attend_pair<HD>(stage, stage2, kb_first, kb_first + WARPS, p, lane, c2, qa, lo, pos, scale, m, l, o);
         } else if (kb_first <= kb_end) {
             dec_take_stage<HD>(stage, lane, kf, vf);
             const int valid = p - kb_first * TC_ROWS;
@@ -675,9 +637,8 @@ __global__ void __launch_bounds__(32 * WARPS, dec_stage3<HD, WARPS, MAXG>() ? 3 
  * between backends must be asked for again before each launch. */
 template <int HD, int WARPS, int MAXG, bool FIN>
 static bool dec_allow(lm_cuda_backend *cu) {
-    const size_t bytes = dec_stage_bytes<HD, WARPS, MAXG>();
-    const unsigned bit =
-        1u << ((HD == 64 ? 0 : 4) + (WARPS == 8 ? 0 : 2) + (FIN ? 1 : 0) + (dec_stage3<HD, WARPS, MAXG>() ? 8 : 0));
+    const size_t bytes = dec_stage_bytes<HD, WARPS>();
+    const unsigned bit = 1u << ((HD == 64 ? 0 : 4) + (WARPS == 8 ? 0 : 2) + (FIN ? 1 : 0));
     if (cu->attn_dec_smem & bit) return true;
     if (!lm_cuda_ok(cu, cudaFuncSetAttribute(attn_dec_kernel<HD, WARPS, MAXG, FIN>,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes),
@@ -724,13 +685,11 @@ void lm_cuda_attention_dec(lm_cuda_backend *cu, const lm_kv_cache *kv, int64_t l
     const qf_args &f = fin ? *fin : none;
 #define LM_DEC(H, W, G, F)                                                                                           \
     (dec_allow<H, W, G, F>(cu)                                                                                       \
-         ? lm_cuda_launch_smem(cu, attn_dec_kernel<H, W, G, F>, grid, 32 * W, dec_stage_bytes<H, W, G>(), meta,      \
+         ? lm_cuda_launch_smem(cu, attn_dec_kernel<H, W, G, F>, grid, 32 * W, dec_stage_bytes<H, W>(), meta,         \
                                (int)n, (int)n_head, (int)n_head_kv, (int)group, d_kv, K, V, q, window, scale,        \
                                max_splits, out, outb, part, counts, cu->attn_dec_ahead, f, cu->attn_prof)            \
          : (void)0)
-    const bool w4s = cu->attn_dec_w4s && n == 1 && group <= 8; /* dec_stage3's form */
-#define LM_DEC_WARPS(H, F)                                                                                           \
-    (w4s ? LM_DEC(H, 4, 8, F) : eight ? LM_DEC(H, 8, 8, F) : LM_DEC(H, 4, DEC_MAX_GROUP, F))
+#define LM_DEC_WARPS(H, F) (eight ? LM_DEC(H, 8, 8, F) : LM_DEC(H, 4, DEC_MAX_GROUP, F))
     if (head_dim == 64)
         fin ? LM_DEC_WARPS(64, true) : LM_DEC_WARPS(64, false);
     else

@@ -800,8 +800,6 @@ extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
     cu->attn_dec_warps = dec_warps && (atoi(dec_warps) == 4 || atoi(dec_warps) == 8) ? atoi(dec_warps) : 0;
     const char *dec_ahead = getenv("LUMEN_CUDA_ATTN_DEC_AHEAD");
     cu->attn_dec_ahead = !(dec_ahead && strcmp(dec_ahead, "0") == 0);
-    const char *w4s = getenv("LUMEN_X_ATTN_W4S");
-    cu->attn_dec_w4s = w4s && strcmp(w4s, "1") == 0;
     const char *norm_alone = getenv("LUMEN_CUDA_NORM_ALONE");
     if (norm_alone && strcmp(norm_alone, "0") == 0) cu->norm_alone = -1; /* as if refused: never padded */
     cu->smem_optin = (int)prop.sharedMemPerBlockOptin;

@@ -149,7 +149,6 @@ typedef struct lm_cuda_backend {
     int attn_dec_warps;     /* attention: that kernel's warps a block, 0: by the batch (LUMEN_CUDA_ATTN_DEC_WARPS) */
     bool attn_dec_ahead;    /* its first KV blocks loaded before the PDL wait (LUMEN_CUDA_ATTN_DEC_AHEAD=0: not) */
     unsigned attn_dec_smem; /* its forms whose dynamic shared memory was allowed (cuda_attention_dec.cu) */
-    bool attn_dec_w4s;      /* one token's in the 4-warp staged form (LUMEN_X_ATTN_W4S=1, an experiment) */
     int smem_optin;         /* shared memory a block may ask for (bytes)            */
     int norm_alone; /* the one-row norm alone on its SM: 1, -1 refused or LUMEN_CUDA_NORM_ALONE=0, 0 unasked */
     int carveout;           /* preferred shared-memory carveout, % (lm_cuda_launch_with; -1: the driver's) */
