@@ -358,9 +358,16 @@ enum { MV_FEW_ROWS = 4096 };
  * 1,536 columns are 6 chunks a lane at one warp a row, two serial rounds of the
  * unrolled loop; at two, one round, and 3-4% more tokens/s at batch 1 on the H200).
  * A function of the weight's shape only, never of the batch. */
-static int mv_warps_per_row(int64_t n_chunks, int64_t rows) {
+static int mv_warps_per_row(const lm_cuda_backend *cu, int64_t n_chunks, int64_t rows) {
     if (n_chunks >= 1024) return 4;
-    return n_chunks >= 512 || (rows <= MV_FEW_ROWS && n_chunks >= 64) ? 2 : 1;
+    if (n_chunks >= 512) return 2;
+    /* LUMEN_X_MV_WPR1=1 (an experiment): one warp a row there too. The loop's two
+     * rounds are gone in the CPL form (every word requested up front), and half the
+     * warps leave an SM the registers for the decode attention's 8-warp block beside
+     * the bf16 Q/K/V product's (~30 K of 64 K instead of ~48 K), so it may arrive,
+     * and do its part before the wait, under that product (docs/BENCHMARKS.md,
+     * thirty-eighth session). */
+    return rows <= MV_FEW_ROWS && n_chunks >= 64 && !cu->x_mv_wpr1 ? 2 : 1;
 }
 
 typedef void (*mv_fn)(const mv_set, int, int, const float *, int, int, int);
@@ -405,7 +412,7 @@ static void launch_mv(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, c
     mv_set set = mv_set_of(w, n_w, y);
     set.round_w = cu->precise && T != LM_DTYPE_F32 && T != LM_DTYPE_BF16; /* the GEMMs' values (gemm_split) */
     const int rows_all = set.end[n_w - 1];
-    const int n_chunks = (int)(w[0]->cols / 8), wpr = mv_warps_per_row(n_chunks, w[0]->rows);
+    const int n_chunks = (int)(w[0]->cols / 8), wpr = mv_warps_per_row(cu, n_chunks, w[0]->rows);
     const int rpb = (MV_THREADS / 32) / wpr, cols = (int)w[0]->cols;
     const int per_lane = n_chunks % (wpr * 32) == 0 ? n_chunks / (wpr * 32) : 0;
     /* the staged loop (mv_kernel's STAGE): one quantized weight at one token, whose
@@ -1166,7 +1173,7 @@ extern "C" lm_status lm_cuda_matmul_swiglu(lm_backend *b, const lm_weight *w_gat
         lm_cuda_mvq(cu, w, 2, x, n, y, true);
         return lm_cuda_recorded_pass(cu) ? LM_OK : lm_cuda_take_error(cu);
     }
-    const bool one_launch = same && mv_warps_per_row(w_gate->cols / 8, w_gate->rows) <= 2;
+    const bool one_launch = same && mv_warps_per_row(cu, w_gate->cols / 8, w_gate->rows) <= 2;
     if (!one_launch) {
         lm_status st = lm_cuda_matmul_many(b, w, 2, x, n, y);
         if (st) return st;
