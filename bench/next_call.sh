@@ -7,11 +7,11 @@
 # wait grows if it arrives early); op tests with the knob on.
 #   run(command="bash bench/next_call.sh", carry=[".deps"])
 set -uo pipefail
-v1='LUMEN_X_MV_WPR1=1' v2='LUMEN_X_MV_WPR1=1 LUMEN_CUDA_CARVEOUT=100' v3='LUMEN_CUDA_CARVEOUT=100'
-OPS=0 REPS=${REPS:-3} RUNS="work HF 1;work HF 1 $v1;work HF 1 $v2;work HF 1 $v3" bash bench/cuda_side_by_side.sh
+v1='LUMEN_X_MV_WPR1=1' v2='LUMEN_X_MV_WPR1=1 LUMEN_CUDA_CARVEOUT=100'
+OPS=0 REPS=${REPS:-3} RUNS="work HF 1;work HF 1 $v1;work HF 1 $v2" bash bench/cuda_side_by_side.sh
 export ROOT=$PWD BUILD=$PWD/build-cuda-work OUT=${OUT:-$PWD/cuda-run-out}
 . bench/cuda_env.sh; lumen_cuda_env; lumen_bench_models > /dev/null 2>&1
-for v in 'LUMEN_X_NONE=0' "$v1" "$v2" "$v3"; do
+for v in 'LUMEN_X_NONE=0' "$v1" "$v2"; do
   prof=$(env $v LUMEN_CUDA_ATTN_PROFILE=1 build-cuda-work/lumen bench "$HF" --backend cuda -p 64 --parallel 1 \
     --parallel-prompt 128 -n 128 -r 1 2>&1 | grep 'attention profile' | sed 's/.*mean us: //')
   echo "$v: $prof"
