@@ -357,14 +357,14 @@ enum { MV_FEW_ROWS = 4096 };
  * two for short rows of products with few rows (bf16 Q/K/V and O of a 1.5B model:
  * 1,536 columns are 6 chunks a lane at one warp a row, two serial rounds of the
  * unrolled loop; at two, one round, and 3-4% more tokens/s at batch 1 on the H200).
- * A function of the weight's shape only, never of the batch. */
+ * A function of the weight's shape (and the backend's knob below), never of the batch. */
 static int mv_warps_per_row(const lm_cuda_backend *cu, int64_t n_chunks, int64_t rows) {
     if (n_chunks >= 1024) return 4;
     if (n_chunks >= 512) return 2;
     /* LUMEN_X_MV_WPR1=1 (an experiment): one warp a row there too. The loop's two
      * rounds are gone in the CPL form (every word requested up front), and half the
      * warps leave an SM the registers for the decode attention's 8-warp block beside
-     * the bf16 Q/K/V product's (~30 K of 64 K instead of ~48 K), so it may arrive,
+     * the bf16 Q/K/V product's (~31-41 K of 64 K instead of ~43-49 K), so it may arrive,
      * and do its part before the wait, under that product (docs/BENCHMARKS.md,
      * thirty-eighth session). */
     return rows <= MV_FEW_ROWS && n_chunks >= 64 && !cu->x_mv_wpr1 ? 2 : 1;
