@@ -592,8 +592,10 @@ static void test_matmul(void) {
      * (mvq_gu_staged_kernel), 6 and 3 super-blocks a row */
     test_matmul_swiglu(LM_DTYPE_Q4_K, 1536, false, 4096);
     test_matmul_swiglu(LM_DTYPE_Q4_K, 768, false, 256);
-    /* 16-bit rows of exactly 3, 8 and 6 chunks a lane at one token (CPL in cuda_matmul.cu) */
+    /* 16-bit rows of exactly 3, 4, 8 and 6 chunks a lane at one token (CPL in cuda_matmul.cu);
+     * at 3 and 4 a warp runs two of a row's parts (mv_vparts), with the 2-token loop's bits */
     test_matmul_type(LM_DTYPE_BF16, 200, 1536, ns_mv, 4);
+    test_matmul_type(LM_DTYPE_BF16, 199, 2048, ns_mv, 4);
     test_matmul_type(LM_DTYPE_BF16, 96, 8960, ns_mv, 2); /* 8.75 a lane: the loop */
     /* one token's quantized rows staged in shared memory (STAGE in cuda_matmul.cu): Q6_K
      * rows of 7,350 bytes start off 16-byte boundaries; 99 of them end off one (the

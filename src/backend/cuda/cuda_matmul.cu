@@ -226,11 +226,12 @@ __device__ __forceinline__ const uint8_t *mv_stage_rows(const mv_set &set, int r
  * weight, one token, the loop): the block's rows are first copied whole into shared
  * memory (mv_stage_rows) and decoded from there, so a chunk's dependent reads (a
  * K-quant's scales, then its quants) are shared-memory trips, not memory ones. */
-template <int T, int NT, bool SWIGLU, int CPL = 0, bool STAGE = false>
+template <int T, int NT, bool SWIGLU, int CPL = 0, bool STAGE = false, int VP = 1>
 __global__ void __launch_bounds__(MV_THREADS, MV_MIN_BLOCKS)
     mv_kernel(const __grid_constant__ mv_set set, int n_chunks, int cols, const float *__restrict__ x, int n,
               int t_base, int wpr) {
     static_assert(!STAGE || (CPL == 0 && NT == 1 && !SWIGLU), "rows are staged for the loop of one token");
+    static_assert(VP == 1 || (CPL > 0 && !SWIGLU), "a warp runs several parts of a row in the CPL form only");
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int rpb = (MV_THREADS / 32) / wpr; /* rows per block */
     const int row = blockIdx.x * rpb + warp / wpr, part = warp % wpr;
@@ -258,14 +259,18 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MIN_BLOCKS)
      * measured this slower, 649-656 vs 686, before the launch bound and the carveout
      * below. The loop form's first 2 or 4 chunks early, the down projections', lost:
      * 669-676 and 683 vs 690-694, its registers 36 -> 48 and 72.) */
-    uint4 raw[CPL > 0 ? CPL : 1];
+    /* VP (mv_vparts): this warp runs the row's parts VP part .. VP part + VP - 1 of
+     * VP wpr, each as its own warp would */
+    uint4 raw[CPL > 0 ? CPL * VP : 1];
     if constexpr (CPL > 0) {
         if (row < rows_all) {
             int lr;
             const int k = mv_row_of<SWIGLU>(set, row, &lr);
-            const uint4 *wq = (const uint4 *)(set.W[k] + (size_t)lr * set.row_bytes[k]) + part * 32 + lane;
+            const uint4 *wq = (const uint4 *)(set.W[k] + (size_t)lr * set.row_bytes[k]) + VP * part * 32 + lane;
 #pragma unroll
-            for (int j = 0; j < CPL; j++) raw[j] = lm_ld_weights16_early(wq + j * wpr * 32);
+            for (int v = 0; v < VP; v++)
+#pragma unroll
+                for (int j = 0; j < CPL; j++) raw[v * CPL + j] = lm_ld_weights16_early(wq + v * 32 + j * VP * wpr * 32);
         }
     }
     /* 16-bit weights: the next kernel let in before the wait (bf16 batch 1, H200,
@@ -279,9 +284,11 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MIN_BLOCKS)
         lm_cp_async_wait_all();
         __syncthreads();
     }
-    float acc[NT];
+    float acc[VP][NT];
 #pragma unroll
-    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+    for (int v = 0; v < VP; v++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[v][t] = 0.0f;
     if (row < rows_all) {
         int lr;
         const int k = mv_row_of<SWIGLU>(set, row, &lr);
@@ -292,13 +299,15 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MIN_BLOCKS)
              * (raw, above), with no bound check between them; the sums keep the loop's
              * order below, so the results are the same to the bit */
 #pragma unroll
-            for (int j = 0; j < CPL; j++) {
-                const int c = part * 32 + lane + j * wpr * 32;
-                float w[8];
-                deq8_words<T>(raw[j], w);
-                mv_round_weights<T>(set, w);
-                mv_fma8<NT>(acc, w, x, cols, c, t0, n);
-            }
+            for (int v = 0; v < VP; v++)
+#pragma unroll
+                for (int j = 0; j < CPL; j++) {
+                    const int c = (VP * part + v) * 32 + lane + j * VP * wpr * 32;
+                    float w[8];
+                    deq8_words<T>(raw[v * CPL + j], w);
+                    mv_round_weights<T>(set, w);
+                    mv_fma8<NT>(acc[v], w, x, cols, c, t0, n);
+                }
         } else {
             /* unrolled by 4 so several chunks' loads would be in flight at once (one at a
              * time left a 1536-column row latency-bound); but in its SASS (Q4_K, BF16) a
@@ -312,17 +321,22 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MIN_BLOCKS)
                 float w[8];
                 deq8<T>(wr, c, w);
                 mv_round_weights<T>(set, w);
-                mv_fma8<NT>(acc, w, x, cols, c, t0, n);
+                mv_fma8<NT>(acc[0], w, x, cols, c, t0, n);
             }
         }
     }
     __shared__ float red[MV_THREADS / 32][NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) {
-        float v = acc[t];
+        float s = 0.0f;
 #pragma unroll
-        for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-        if (lane == 0) red[warp][t] = v;
+        for (int p = 0; p < VP; p++) { /* the parts' sums added in order, as below */
+            float v = acc[p][t];
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+            s = p ? s + v : v;
+        }
+        if (lane == 0) red[warp][t] = s;
     }
     __syncthreads();
     if (SWIGLU) { /* a (gate, up) pair of rows per thread and token */
@@ -353,25 +367,6 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MIN_BLOCKS)
  * head (mv_warps_per_row, launch_mv's split) */
 enum { MV_FEW_ROWS = 4096 };
 
-/* warps per row: more for long rows, so every lane has a few chunks to stream, and
- * two for short rows of products with few rows (bf16 Q/K/V and O of a 1.5B model:
- * 1,536 columns are 6 chunks a lane at one warp a row, two serial rounds of the
- * unrolled loop; at two, one round, and 3-4% more tokens/s at batch 1 on the H200).
- * A function of the weight's shape (and the backend's knob below), never of the batch. */
-static int mv_warps_per_row(const lm_cuda_backend *cu, int64_t n_chunks, int64_t rows) {
-    if (n_chunks >= 1024) return 4;
-    if (n_chunks >= 512) return 2;
-    /* LUMEN_X_MV_WPR1=1 (an experiment): one warp a row there too. The loop's two
-     * rounds are gone in the CPL form (every word requested up front), and half the
-     * warps leave an SM the registers for the decode attention's 8-warp block beside
-     * the bf16 Q/K/V product's (~31-41 K of 64 K instead of ~43-49 K), so it may arrive,
-     * and do its part before the wait, under that product (docs/BENCHMARKS.md,
-     * thirty-eighth session). */
-    return rows <= MV_FEW_ROWS && n_chunks >= 64 && !cu->x_mv_wpr1 ? 2 : 1;
-}
-
-typedef void (*mv_fn)(const mv_set, int, int, const float *, int, int, int);
-
 /* Whether mv_kernel_of takes its CPL form: 16-bit rows of exactly 3, 4, 6 or 8
  * chunks a lane at one token. */
 static bool mv_cpl_form(int T, int nt, int per_lane) {
@@ -379,11 +374,48 @@ static bool mv_cpl_form(int T, int nt, int per_lane) {
            (per_lane == 3 || per_lane == 4 || per_lane == 6 || per_lane == 8);
 }
 
+/* warps per row: more for long rows, so every lane has a few chunks to stream, and
+ * two for short rows of products with few rows (bf16 Q/K/V and O of a 1.5B model:
+ * 1,536 columns are 6 chunks a lane at one warp a row, two serial rounds of the
+ * unrolled loop; at two, one round, and 3-4% more tokens/s at batch 1 on the H200).
+ * A function of the weight's shape, never of the batch: it fixes the sums' order.
+ * (One token's CPL form may run two of them on one warp: mv_vparts.) */
+static int mv_warps_per_row(int64_t n_chunks, int64_t rows) {
+    if (n_chunks >= 1024) return 4;
+    if (n_chunks >= 512) return 2;
+    return rows <= MV_FEW_ROWS && n_chunks >= 64 ? 2 : 1;
+}
+
+/* How many of a row's wpr warps (mv_warps_per_row) one physical warp runs in the CPL
+ * form (VP: each lane keeps a sum for each, summed over the warp apart and added in
+ * the warps' order, so the bits are those of wpr warps): the bf16 Q/K/V and O
+ * products at one token on half the warps, at most 8 words a lane as the widest CPL
+ * form. One warp a row outright (LUMEN_X_MV_WPR1=1, thirty-eighth session's prepared
+ * call; other sums, so other bits than 2 tokens' products) measured on an H100,
+ * 1.5B-shaped bf16, one call, three rounds (thirty-ninth session): batch 1 717.7 /
+ * 717.7 / 717.9 -> 727.2 / 727.4 / 727.2 tokens/s (+1.3%; with the whole carveout for
+ * shared memory the same); the decode attention's block still 0.17 us in its wait, so
+ * not its early arrival; at 2 tokens (the loop form, so both warps) 1,171.1 / 1,172.9
+ * -> 1,135.5 / 1,142.7; 4 and 8 tokens and Q4_K_M unchanged. Hence one token only,
+ * with the 2-warp order kept; LUMEN_X_MV_VP=0 (an experiment's switch): off. */
+static int mv_vparts(const lm_cuda_backend *cu, int T, int nt, int wpr, int per_lane, bool swiglu) {
+    return cu->x_mv_vp && !swiglu && wpr == 2 && mv_cpl_form(T, nt, per_lane) && per_lane * 2 <= 8 ? 2 : 1;
+}
+
+typedef void (*mv_fn)(const mv_set, int, int, const float *, int, int, int);
+
 /* mv_kernel for nt tokens a block. The CPL form (mv_cpl_form) has the weight words
  * all requested up front (H200, 1.5B bf16, batch 1: 671-684 vs 653-663 tokens/s with
  * the loop, same build, alternating). */
 template <int T, bool SWIGLU>
-static mv_fn mv_kernel_of(int nt, int per_lane, bool stage) {
+static mv_fn mv_kernel_of(int nt, int per_lane, bool stage, int vp) {
+    if constexpr ((T == LM_DTYPE_BF16 || T == LM_DTYPE_F16) && !SWIGLU) {
+        if (vp == 2) switch (per_lane) {
+            case 3: return mv_kernel<T, 1, false, 3, false, 2>;
+            case 4: return mv_kernel<T, 1, false, 4, false, 2>;
+            default: break;
+            }
+    }
     if constexpr (T == LM_DTYPE_BF16 || T == LM_DTYPE_F16) {
         if (mv_cpl_form(T, nt, per_lane)) switch (per_lane) {
             case 3: return mv_kernel<T, 1, SWIGLU, 3>;
@@ -412,18 +444,20 @@ static void launch_mv(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, c
     mv_set set = mv_set_of(w, n_w, y);
     set.round_w = cu->precise && T != LM_DTYPE_F32 && T != LM_DTYPE_BF16; /* the GEMMs' values (gemm_split) */
     const int rows_all = set.end[n_w - 1];
-    const int n_chunks = (int)(w[0]->cols / 8), wpr = mv_warps_per_row(cu, n_chunks, w[0]->rows);
-    const int rpb = (MV_THREADS / 32) / wpr, cols = (int)w[0]->cols;
-    const int per_lane = n_chunks % (wpr * 32) == 0 ? n_chunks / (wpr * 32) : 0;
+    const int n_chunks = (int)(w[0]->cols / 8), wpr_sums = mv_warps_per_row(n_chunks, w[0]->rows);
+    const int per_lane = n_chunks % (wpr_sums * 32) == 0 ? n_chunks / (wpr_sums * 32) : 0, cols = (int)w[0]->cols;
     /* the staged loop (mv_kernel's STAGE): one quantized weight at one token, whose
-     * bytes end on a 16-byte boundary, a block's rows within 48 KB */
-    const size_t stage_bytes = (size_t)rpb * w[0]->row_bytes + 32;
+     * bytes end on a 16-byte boundary, a block's rows within 48 KB (its warps are the
+     * row's, mv_vparts being 1 for quantized weights) */
+    const size_t stage_bytes = (size_t)((MV_THREADS / 32) / wpr_sums) * w[0]->row_bytes + 32;
     const bool stage = cu->mv_stage && !SWIGLU && n == 1 && n_w == 1 && mv_stageable(T) && stage_bytes <= 48 * 1024 &&
                        (w[0]->rows * w[0]->row_bytes) % 16 == 0 && ((uintptr_t)w[0]->data & 15) == 0;
     const int64_t max_per_launch = (int64_t)MV_MAX_NT * 65535;
     for (int64_t t0 = 0; t0 < n; t0 += max_per_launch) {
         int nn = (int)(n - t0 < max_per_launch ? n - t0 : max_per_launch);
-        int nt = nn == 1 ? 1 : nn == 2 ? 2 : nn <= 4 ? 4 : 8;
+        const int nt = nn == 1 ? 1 : nn == 2 ? 2 : nn <= 4 ? 4 : 8;
+        const int vp = mv_vparts(cu, T, nt, wpr_sums, per_lane, SWIGLU), wpr = wpr_sums / vp;
+        const int rpb = (MV_THREADS / 32) / wpr;
         dim3 grid((unsigned)((rows_all + rpb - 1) / rpb), (unsigned)((nn + nt - 1) / nt));
         /* The CPL form's products of few rows (a 1.5B model's Q/K/V and O; not gate/up,
          * not the head) at the backend's split (cuda_internal.cuh, LM_CUDA_CARVEOUT),
@@ -436,7 +470,7 @@ static void launch_mv(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, c
          * product at 50 lost (nineteenth session, 790 -> 775-778). */
         const bool carved = !SWIGLU && mv_cpl_form(T, nt, per_lane) && rows_all <= MV_FEW_ROWS;
         /* the kernel indexes tokens from t_base, so x and y need no offset per weight */
-        lm_cuda_launch_with(cu, carved, mv_kernel_of<T, SWIGLU>(nt, per_lane, stage), grid, dim3(MV_THREADS),
+        lm_cuda_launch_with(cu, carved, mv_kernel_of<T, SWIGLU>(nt, per_lane, stage, vp), grid, dim3(MV_THREADS),
                             stage ? stage_bytes : 0, set, n_chunks, cols, x + t0 * cols, nn, (int)t0, wpr);
         if (!lm_cuda_launched(cu, "mv_kernel")) return;
     }
@@ -1173,7 +1207,7 @@ extern "C" lm_status lm_cuda_matmul_swiglu(lm_backend *b, const lm_weight *w_gat
         lm_cuda_mvq(cu, w, 2, x, n, y, true);
         return lm_cuda_recorded_pass(cu) ? LM_OK : lm_cuda_take_error(cu);
     }
-    const bool one_launch = same && mv_warps_per_row(cu, w_gate->cols / 8, w_gate->rows) <= 2;
+    const bool one_launch = same && mv_warps_per_row(w_gate->cols / 8, w_gate->rows) <= 2;
     if (!one_launch) {
         lm_status st = lm_cuda_matmul_many(b, w, 2, x, n, y);
         if (st) return st;
