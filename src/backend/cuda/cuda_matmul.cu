@@ -390,16 +390,16 @@ static int mv_warps_per_row(int64_t n_chunks, int64_t rows) {
  * form (VP: each lane keeps a sum for each, summed over the warp apart and added in
  * the warps' order, so the bits are those of wpr warps): the bf16 Q/K/V and O
  * products at one token on half the warps, at most 8 words a lane as the widest CPL
- * form. One warp a row outright (LUMEN_X_MV_WPR1=1, thirty-eighth session's prepared
- * call; other sums, so other bits than 2 tokens' products) measured on an H100,
- * 1.5B-shaped bf16, one call, three rounds (thirty-ninth session): batch 1 717.7 /
- * 717.7 / 717.9 -> 727.2 / 727.4 / 727.2 tokens/s (+1.3%; with the whole carveout for
- * shared memory the same); the decode attention's block still 0.17 us in its wait, so
- * not its early arrival; at 2 tokens (the loop form, so both warps) 1,171.1 / 1,172.9
- * -> 1,135.5 / 1,142.7; 4 and 8 tokens and Q4_K_M unchanged. Hence one token only,
- * with the 2-warp order kept; LUMEN_X_MV_VP=0 (an experiment's switch): off. */
-static int mv_vparts(const lm_cuda_backend *cu, int T, int nt, int wpr, int per_lane, bool swiglu) {
-    return cu->x_mv_vp && !swiglu && wpr == 2 && mv_cpl_form(T, nt, per_lane) && per_lane * 2 <= 8 ? 2 : 1;
+ * form. H100, 1.5B-shaped bf16, one call and one more on the same machine, pairs
+ * alternating (thirty-ninth session): batch 1 715.7 / 716.7 / 715.2 / 717.8 / 718.3
+ * -> 721.9 / 721.5 / 719.7 / 720.2 / 722.1 tokens/s (+0.7%); 2 and 4 tokens (the loop
+ * form, two warps) unchanged. One warp a row outright (other sums, so a token's bits
+ * alone would not be its bits beside another) had measured +1.3% at one token, -2.7%
+ * at two (the loop form on one warp), 4 and 8 the same; the decode attention's block
+ * still 0.17 us in its wait, so neither gains by its early arrival. The VP kernels
+ * take 90 registers at 3 chunks a part against 80 for 6 chunks on one warp (sm_90a). */
+static int mv_vparts(int T, int nt, int wpr, int per_lane, bool swiglu) {
+    return !swiglu && wpr == 2 && mv_cpl_form(T, nt, per_lane) && per_lane * 2 <= 8 ? 2 : 1;
 }
 
 typedef void (*mv_fn)(const mv_set, int, int, const float *, int, int, int);
@@ -456,7 +456,7 @@ static void launch_mv(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, c
     for (int64_t t0 = 0; t0 < n; t0 += max_per_launch) {
         int nn = (int)(n - t0 < max_per_launch ? n - t0 : max_per_launch);
         const int nt = nn == 1 ? 1 : nn == 2 ? 2 : nn <= 4 ? 4 : 8;
-        const int vp = mv_vparts(cu, T, nt, wpr_sums, per_lane, SWIGLU), wpr = wpr_sums / vp;
+        const int vp = mv_vparts(T, nt, wpr_sums, per_lane, SWIGLU), wpr = wpr_sums / vp;
         const int rpb = (MV_THREADS / 32) / wpr;
         dim3 grid((unsigned)((rows_all + rpb - 1) / rpb), (unsigned)((nn + nt - 1) / nt));
         /* The CPL form's products of few rows (a 1.5B model's Q/K/V and O; not gate/up,
