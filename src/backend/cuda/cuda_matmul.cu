@@ -226,14 +226,15 @@ __device__ __forceinline__ const uint8_t *mv_stage_rows(const mv_set &set, int r
  * weight, one token, the loop): the block's rows are first copied whole into shared
  * memory (mv_stage_rows) and decoded from there, so a chunk's dependent reads (a
  * K-quant's scales, then its quants) are shared-memory trips, not memory ones. */
-template <int T, int NT, bool SWIGLU, int CPL = 0, bool STAGE = false, int VP = 1>
-__global__ void __launch_bounds__(MV_THREADS, MV_MIN_BLOCKS)
+template <int T, int NT, bool SWIGLU, int CPL = 0, bool STAGE = false, int VP = 1, int BT = MV_THREADS>
+__global__ void __launch_bounds__(BT, MV_THREADS * MV_MIN_BLOCKS / BT)
     mv_kernel(const __grid_constant__ mv_set set, int n_chunks, int cols, const float *__restrict__ x, int n,
               int t_base, int wpr) {
     static_assert(!STAGE || (CPL == 0 && NT == 1 && !SWIGLU), "rows are staged for the loop of one token");
     static_assert(VP == 1 || (CPL > 0 && !SWIGLU), "a warp runs several parts of a row in the CPL form only");
+    static_assert(BT == MV_THREADS || (VP > 1 && NT == 1), "wide blocks (mv_wide_blocks) are the VP form's");
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int rpb = (MV_THREADS / 32) / wpr; /* rows per block */
+    const int rpb = (BT / 32) / wpr; /* rows per block */
     const int row = blockIdx.x * rpb + warp / wpr, part = warp % wpr;
     const int t0 = blockIdx.y * NT;
     const int rows_all = set.end[set.n_w - 1];
@@ -325,7 +326,7 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MIN_BLOCKS)
             }
         }
     }
-    __shared__ float red[MV_THREADS / 32][NT];
+    __shared__ float red[BT / 32][NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) {
         float s = 0.0f;
@@ -402,14 +403,33 @@ static int mv_vparts(int T, int nt, int wpr, int per_lane, bool swiglu) {
     return !swiglu && wpr == 2 && mv_cpl_form(T, nt, per_lane) && per_lane * 2 <= 8 ? 2 : 1;
 }
 
+/* LUMEN_X_MV_WIDE=1 (an experiment): the VP products (mv_vparts) in blocks of 16
+ * warps, one an SM by registers (~90 x 512 of 64 K), where that leaves at least 2 SMs
+ * without one: a 1.5B model's Q/K/V product is 128 blocks instead of 512 spread 3-4
+ * an SM, so the decode attention after it (8 warps of ~190 registers, 48 K) finds 4 of
+ * the H100's or H200's 132 SMs empty as soon as the product lets it in (before its
+ * own wait) and does its ~2 us before its wait under the product, where now it
+ * arrives after the product has left (0.17-0.19 us in its wait; docs/BENCHMARKS.md,
+ * thirty-ninth session). The same rows per warp and sums, so the same bits. */
+enum { MV_WIDE_THREADS = 512 };
+static bool mv_wide_blocks(const lm_cuda_backend *cu, int vp, int wpr, int rows_all) {
+    const int rpb = (MV_WIDE_THREADS / 32) / wpr;
+    return cu->x_mv_wide && vp == 2 && (rows_all + rpb - 1) / rpb <= cu->n_sm - 2;
+}
+
 typedef void (*mv_fn)(const mv_set, int, int, const float *, int, int, int);
 
 /* mv_kernel for nt tokens a block. The CPL form (mv_cpl_form) has the weight words
  * all requested up front (H200, 1.5B bf16, batch 1: 671-684 vs 653-663 tokens/s with
  * the loop, same build, alternating). */
 template <int T, bool SWIGLU>
-static mv_fn mv_kernel_of(int nt, int per_lane, bool stage, int vp) {
+static mv_fn mv_kernel_of(int nt, int per_lane, bool stage, int vp, bool wide) {
     if constexpr ((T == LM_DTYPE_BF16 || T == LM_DTYPE_F16) && !SWIGLU) {
+        if (vp == 2 && wide) switch (per_lane) {
+            case 3: return mv_kernel<T, 1, false, 3, false, 2, MV_WIDE_THREADS>;
+            case 4: return mv_kernel<T, 1, false, 4, false, 2, MV_WIDE_THREADS>;
+            default: break;
+            }
         if (vp == 2) switch (per_lane) {
             case 3: return mv_kernel<T, 1, false, 3, false, 2>;
             case 4: return mv_kernel<T, 1, false, 4, false, 2>;
@@ -457,7 +477,8 @@ static void launch_mv(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, c
         int nn = (int)(n - t0 < max_per_launch ? n - t0 : max_per_launch);
         const int nt = nn == 1 ? 1 : nn == 2 ? 2 : nn <= 4 ? 4 : 8;
         const int vp = mv_vparts(T, nt, wpr_sums, per_lane, SWIGLU), wpr = wpr_sums / vp;
-        const int rpb = (MV_THREADS / 32) / wpr;
+        const bool wide = mv_wide_blocks(cu, vp, wpr, rows_all);
+        const int bt = wide ? MV_WIDE_THREADS : MV_THREADS, rpb = (bt / 32) / wpr;
         dim3 grid((unsigned)((rows_all + rpb - 1) / rpb), (unsigned)((nn + nt - 1) / nt));
         /* The CPL form's products of few rows (a 1.5B model's Q/K/V and O; not gate/up,
          * not the head) at the backend's split (cuda_internal.cuh, LM_CUDA_CARVEOUT),
@@ -470,7 +491,7 @@ static void launch_mv(lm_cuda_backend *cu, const lm_weight *const *w, int n_w, c
          * product at 50 lost (nineteenth session, 790 -> 775-778). */
         const bool carved = !SWIGLU && mv_cpl_form(T, nt, per_lane) && rows_all <= MV_FEW_ROWS;
         /* the kernel indexes tokens from t_base, so x and y need no offset per weight */
-        lm_cuda_launch_with(cu, carved, mv_kernel_of<T, SWIGLU>(nt, per_lane, stage, vp), grid, dim3(MV_THREADS),
+        lm_cuda_launch_with(cu, carved, mv_kernel_of<T, SWIGLU>(nt, per_lane, stage, vp, wide), grid, dim3(bt),
                             stage ? stage_bytes : 0, set, n_chunks, cols, x + t0 * cols, nn, (int)t0, wpr);
         if (!lm_cuda_launched(cu, "mv_kernel")) return;
     }
