@@ -754,8 +754,6 @@ extern "C" lm_status lm_backend_cuda_create(int device, lm_backend **out) {
     cu->bf16_budget = bc && bc[0] ? (atoll(bc) > 0 ? (size_t)atoll(bc) << 20 : 0) : cu->total_mem / 4;
     const char *stage = getenv("LUMEN_CUDA_MV_STAGE"); /* 0: quantized rows read in place */
     cu->mv_stage = !(stage && strcmp(stage, "0") == 0);
-    const char *wide = getenv("LUMEN_X_MV_WIDE");
-    cu->x_mv_wide = wide && strcmp(wide, "1") == 0;
     /* the precise mode (cuda_matmul.cu, gemm_split): batched outputs that follow the
      * single-sequence ones, at ~15% less batched throughput at 8-64 sequences */
     const char *precise = getenv("LUMEN_CUDA_PRECISE");

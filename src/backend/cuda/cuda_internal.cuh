@@ -140,7 +140,6 @@ typedef struct lm_cuda_backend {
     bool mvq_q4w;      /* matmul: Q4_K weights' interleaved copies for the 8-bit kernel (LUMEN_CUDA_MVQ_Q4W=0: not) */
     bool precise;      /* matmul: the precise mode (LUMEN_CUDA_PRECISE=1; cuda_matmul.cu, gemm_split) */
     bool mv_stage;     /* matmul: one token's quantized rows staged in shared memory (LUMEN_CUDA_MV_STAGE=0: not) */
-    bool x_mv_wide;    /* matmul: VP products in blocks of 16 warps (LUMEN_X_MV_WIDE=1, an experiment) */
     bool gu_stage;     /* matmul: one token's Q4_K gate/up rounds staged after its wait (LUMEN_CUDA_GU_STAGE=0: not) */
     bool q8_handoff;   /* matmul: swiglu's output handed to the down product in 8 bits (LUMEN_CUDA_Q8_HANDOFF=0: not) */
     int64_t tc_max_n;  /* matmul: tensor-core kernel up to this many tokens     */

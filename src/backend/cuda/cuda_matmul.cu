@@ -133,7 +133,7 @@
 #include "backend/cuda/cuda_bulk.cuh"
 #include "backend/cuda/cuda_matmul.cuh"
 
-enum { MV_THREADS = 128, MV_MAX_NT = 8 };
+enum { MV_THREADS = 128, MV_WIDE_THREADS = 512 /* mv_wide_blocks */, MV_MAX_NT = 8 };
 
 /* The blocks an SM that ptxas must allow mv_kernel (its launch bound), so its
  * register budget: at most 128 a thread. Without it ptxas keeps registers few by
@@ -403,18 +403,20 @@ static int mv_vparts(int T, int nt, int wpr, int per_lane, bool swiglu) {
     return !swiglu && wpr == 2 && mv_cpl_form(T, nt, per_lane) && per_lane * 2 <= 8 ? 2 : 1;
 }
 
-/* LUMEN_X_MV_WIDE=1 (an experiment): the VP products (mv_vparts) in blocks of 16
- * warps, one an SM by registers (~90 x 512 of 64 K), where that leaves at least 2 SMs
- * without one: a 1.5B model's Q/K/V product is 128 blocks instead of 512 spread 3-4
- * an SM, so the decode attention after it (8 warps of ~190 registers, 48 K) finds 4 of
- * the H100's or H200's 132 SMs empty as soon as the product lets it in (before its
- * own wait) and does its ~2 us before its wait under the product, where now it
- * arrives after the product has left (0.17-0.19 us in its wait; docs/BENCHMARKS.md,
- * thirty-ninth session). The same rows per warp and sums, so the same bits. */
-enum { MV_WIDE_THREADS = 512 };
+/* The VP products (mv_vparts) in blocks of 16 warps, one an SM by registers (~90 x
+ * 512 of 64 K), where that leaves at least 2 SMs without one: a 1.5B model's Q/K/V
+ * product is 128 blocks instead of 512 spread 3-4 an SM, so the decode attention
+ * after it (8 warps of ~190 registers, 48 K) finds 4 of the H100's or H200's 132 SMs
+ * empty once the product lets it in (before the product's own wait). The same rows a
+ * warp and the same sums, so the same bits. H100, 1.5B-shaped bf16, batch 1, six
+ * alternating pairs over two calls on one machine (thirty-ninth session, switched by
+ * LUMEN_X_MV_WIDE=1 then): 724.1 / 723.4 / 723.7 / 724.0 / 717.9 / 719.6 -> 726.5 /
+ * 725.5 / 727.2 / 726.5 / 727.4 / 724.9 tokens/s (+0.4%); the attention's block (0, 0)
+ * waits 0.31 us instead of 0.04, so it arrives earlier, but by ~0.3 us, not by its
+ * ~2 us before the wait. */
 static bool mv_wide_blocks(const lm_cuda_backend *cu, int vp, int wpr, int rows_all) {
     const int rpb = (MV_WIDE_THREADS / 32) / wpr;
-    return cu->x_mv_wide && vp == 2 && (rows_all + rpb - 1) / rpb <= cu->n_sm - 2;
+    return vp == 2 && (rows_all + rpb - 1) / rpb <= cu->n_sm - 2;
 }
 
 typedef void (*mv_fn)(const mv_set, int, int, const float *, int, int, int);
