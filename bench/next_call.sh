@@ -1,19 +1,13 @@
 #!/usr/bin/env bash
-# The bf16 Q/K/V and O products at one token in blocks of 16 warps, one an SM
-# (LUMEN_X_MV_WIDE=1, cuda_matmul.cu, mv_wide_blocks), so the decode attention finds
-# SMs empty and does its part before the wait under the Q/K/V product: bf16 batch 1,
-# one tree, side by side; the attention's profiles (its wait grows if it arrives
-# early); op tests with the knob on.
-#   run(command="bash bench/next_call.sh", carry=[".deps"])
+# The thirty-ninth session's two kept changes together (mv_vparts: one token's bf16
+# Q/K/V and O products with a row's two parts on one warp; mv_wide_blocks: those
+# products in blocks of 16 warps), against the tree before them (c650421), side by
+# side on one machine: bf16 at 1, 2 and 4 sequences, Q4_K_M at 1 (unchanged: no 16-bit
+# products); the full op tests on the working tree. On an H200 this is also the
+# record's rerun (the last H200 figures are the twenty-seventh session's).
+#   bash bench/cuda_device_run.sh --prepare-deps && bash bench/cuda_side_by_side.sh --prepare c650421
+#   run(command="bash bench/next_call.sh", carry=[".deps", ".alt"])
 set -uo pipefail
-v='LUMEN_X_MV_WIDE=1'
-OPS=0 REPS=${REPS:-3} RUNS="work HF 1;work HF 1 $v" bash bench/cuda_side_by_side.sh
-export ROOT=$PWD BUILD=$PWD/build-cuda-work OUT=${OUT:-$PWD/cuda-run-out}
-. bench/cuda_env.sh; lumen_cuda_env; lumen_bench_models > /dev/null 2>&1
-for e in 'LUMEN_X_NONE=0' "$v"; do
-  prof=$(env $e LUMEN_CUDA_ATTN_PROFILE=1 build-cuda-work/lumen bench "$HF" --backend cuda -p 64 --parallel 1 \
-    --parallel-prompt 128 -n 128 -r 1 2>&1 | grep 'attention profile' | sed 's/.*mean us: //')
-  echo "$e: $prof"
-done
-env $v timeout 100 build-cuda-work/tests/test_backend_ops > "$OUT/ops-wide.log" 2>&1
-echo "op tests with $v: status $?"; grep -E 'FAIL|DIFFER|differ|comparisons' "$OUT/ops-wide.log" | head -5
+b=c650421
+OPS=1 OPS_T=200 REPS=${REPS:-3} RUNS="$b HF 1;work HF 1;$b HF 2;work HF 2;$b HF 4;work HF 4;$b GGUF 1;work GGUF 1" \
+  bash bench/cuda_side_by_side.sh
