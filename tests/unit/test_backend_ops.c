@@ -593,7 +593,8 @@ static void test_matmul(void) {
     test_matmul_swiglu(LM_DTYPE_Q4_K, 1536, false, 4096);
     test_matmul_swiglu(LM_DTYPE_Q4_K, 768, false, 256);
     /* 16-bit rows of exactly 3, 4, 8 and 6 chunks a lane at one token (CPL in cuda_matmul.cu);
-     * at 3 and 4 a warp runs two of a row's parts (mv_vparts), with the 2-token loop's bits */
+     * at 3 and 4 a warp runs two of a row's parts (mv_vparts) in blocks of 16 warps
+     * (mv_wide_blocks; 199 rows: the last block part-filled), with the 2-token loop's bits */
     test_matmul_type(LM_DTYPE_BF16, 200, 1536, ns_mv, 4);
     test_matmul_type(LM_DTYPE_BF16, 199, 2048, ns_mv, 4);
     test_matmul_type(LM_DTYPE_BF16, 96, 8960, ns_mv, 2); /* 8.75 a lane: the loop */
