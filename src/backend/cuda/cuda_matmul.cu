@@ -424,19 +424,16 @@ typedef void (*mv_fn)(const mv_set, int, int, const float *, int, int, int);
 /* mv_kernel for nt tokens a block. The CPL form (mv_cpl_form) has the weight words
  * all requested up front (H200, 1.5B bf16, batch 1: 671-684 vs 653-663 tokens/s with
  * the loop, same build, alternating). */
+/* The VP form's kernel (mv_vparts: 3 or 4 chunks a part) in blocks of BT threads */
+template <int T, int BT>
+static mv_fn mv_vp_kernel(int per_lane) {
+    return per_lane == 3 ? mv_kernel<T, 1, false, 3, false, 2, BT> : mv_kernel<T, 1, false, 4, false, 2, BT>;
+}
+
 template <int T, bool SWIGLU>
 static mv_fn mv_kernel_of(int nt, int per_lane, bool stage, int vp, bool wide) {
     if constexpr ((T == LM_DTYPE_BF16 || T == LM_DTYPE_F16) && !SWIGLU) {
-        if (vp == 2 && wide) switch (per_lane) {
-            case 3: return mv_kernel<T, 1, false, 3, false, 2, MV_WIDE_THREADS>;
-            case 4: return mv_kernel<T, 1, false, 4, false, 2, MV_WIDE_THREADS>;
-            default: break;
-            }
-        if (vp == 2) switch (per_lane) {
-            case 3: return mv_kernel<T, 1, false, 3, false, 2>;
-            case 4: return mv_kernel<T, 1, false, 4, false, 2>;
-            default: break;
-            }
+        if (vp == 2) return wide ? mv_vp_kernel<T, MV_WIDE_THREADS>(per_lane) : mv_vp_kernel<T, MV_THREADS>(per_lane);
     }
     if constexpr (T == LM_DTYPE_BF16 || T == LM_DTYPE_F16) {
         if (mv_cpl_form(T, nt, per_lane)) switch (per_lane) {
