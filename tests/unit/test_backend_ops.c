@@ -597,6 +597,7 @@ static void test_matmul(void) {
      * (mv_wide_blocks; 199 rows: the last block part-filled), with the 2-token loop's bits */
     test_matmul_type(LM_DTYPE_BF16, 200, 1536, ns_mv, 4);
     test_matmul_type(LM_DTYPE_BF16, 199, 2048, ns_mv, 4);
+    test_matmul_type(LM_DTYPE_BF16, 4000, 1536, ns_mv, 4); /* too many rows for the wide blocks: 4 warps */
     test_matmul_type(LM_DTYPE_BF16, 96, 8960, ns_mv, 2); /* 8.75 a lane: the loop */
     /* one token's quantized rows staged in shared memory (STAGE in cuda_matmul.cu): Q6_K
      * rows of 7,350 bytes start off 16-byte boundaries; 99 of them end off one (the
